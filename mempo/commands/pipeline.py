@@ -1,0 +1,25 @@
+"""`mempo pipeline run`: the whole default pipeline (`dvc repro`), as `make run` does."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from mempo.cli import add_subparser
+
+    p = add_subparser(sub, "pipeline", "run the whole pipeline locally (dvc repro)")
+    psub = p.add_subparsers(dest="pipeline_command", metavar="ACTION", required=True)
+    run = add_subparser(psub, "run", "dvc repro every stage, then print where the outputs are")
+    run.add_argument("--force", action="store_true", help="re-run stages even if up to date")
+    run.add_argument("targets", nargs="*", help="stage names (default: all)")
+    run.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from mempo.pipeline import run_pipeline, summarize
+
+    elapsed = run_pipeline(".", force=args.force, targets=args.targets or None)
+    print(f"\npipeline finished in {elapsed:.0f} s. Outputs:")
+    print("\n".join(summarize(".")))
+    return 0

@@ -1,0 +1,125 @@
+"""Typed `params.yaml`: one section per stage, validated on load.
+
+Unknown keys and wrong types are `ConfigError`s naming the dotted key. CLI flags override
+params (each command passes its flags as overrides), and `mempo --set train.lambda_mem=0 ...`
+overrides any key.
+
+    params = load_params("params.yaml", overrides=["train.lambda_mem=0"])
+    params.train.lambda_mem  # -> 0.0
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mempo.errors import ConfigError
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+class Section(BaseModel):
+    """Base for every section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class WorldParams(Section):
+    """`mempo world generate`: the offline knowledge world."""
+
+    seed: int = 13
+    size: Literal["tiny", "small", "medium"] = "small"
+    out: str = "outputs/world"
+
+
+class Params(Section):
+    """All of params.yaml. Sections are added by the stages that read them."""
+
+    world: WorldParams = Field(default_factory=WorldParams)
+
+
+def _loc(err: dict[str, Any]) -> str:
+    return ".".join(str(p) for p in err["loc"])
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    cur = data
+    for p in parts[:-1]:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"cannot set '{key}': '{p}' is not a section", field=key)
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse `a.b.c=value` (the value as YAML: `0`, `true`, `[1, 2]`, `'text'`)."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like section.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{text}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override value is not valid YAML: {e}", field=key) from e
+    return key, value
+
+
+def load_params(
+    path: str | Path | None = DEFAULT_PARAMS,
+    overrides: list[str] | dict[str, Any] | None = None,
+) -> Params:
+    """Load and validate params.yaml (defaults when `path` is None or missing).
+
+    `overrides` is a list of `key=value` strings or a dict of dotted keys to values;
+    `None` values in a dict are ignored (an unset CLI flag).
+    """
+    data: dict[str, Any] = {}
+    if path is not None and Path(path).exists():
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except yaml.YAMLError as e:
+            raise ConfigError(f"not valid YAML: {e}", path=path) from e
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError("top level must be a mapping of sections", path=path)
+        data = loaded
+    items = overrides.items() if isinstance(overrides, dict) else (
+        parse_override(o) for o in (overrides or [])
+    )
+    for key, value in items:
+        if value is not None:
+            _set_dotted(data, key, value)
+    try:
+        return Params.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        msg = first["msg"]
+        if first["type"] == "extra_forbidden":
+            msg = "unknown key (typo? see params.yaml for the valid keys)"
+        raise ConfigError(
+            f"{msg}" + (f" (got {first.get('input')!r})" if first["type"] != "extra_forbidden" else ""),
+            path=path, field=_loc(first),
+        ) from e
+
+
+def params_flat(params: Params) -> dict[str, Any]:
+    """Params as `{"section.key": value}` (for MLflow params and tags)."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, obj: Any) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = obj
+
+    walk("", params.model_dump(mode="json"))
+    return out

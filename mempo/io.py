@@ -1,0 +1,221 @@
+"""File helpers every stage uses: atomic writes, streaming JSONL readers, hashing.
+
+Atomic outputs: a stage writes to a temporary sibling path and renames it into place, so a
+killed stage leaves either the old output or nothing, never half a file or half a folder.
+
+    with atomic_path("outputs/world/corpus.jsonl") as tmp:   # a file
+        write(tmp)
+    with atomic_dir("outputs/index") as tmp:                 # a whole folder
+        build_into(tmp)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mempo.errors import DataError
+
+_TMP_MARK = ".tmp-"
+
+
+def _tmp_sibling(path: Path) -> Path:
+    return path.with_name(f"{_TMP_MARK}{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary file path beside `path`; rename it onto `path` on success.
+
+    On an exception the temporary file is removed and `path` is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_sibling(path)
+    try:
+        yield tmp
+        if not tmp.exists():
+            raise FileNotFoundError(f"atomic_path: nothing was written to {tmp} for {path}")
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary folder beside `path`; on success it replaces `path` whole.
+
+    An existing `path` is moved aside first and deleted after the rename, so readers see
+    either the complete old folder or the complete new one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_sibling(path)
+    tmp.mkdir()
+    old: Path | None = None
+    try:
+        yield tmp
+        if path.exists():
+            old = _tmp_sibling(path)
+            os.replace(path, old)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and old.exists():
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write `text` (UTF-8) atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Path:
+    """Write `obj` as JSON atomically (keys sorted, so equal objects give equal bytes)."""
+    return write_text(path, json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
+    """Write rows as JSON lines atomically (`.gz` suffix compresses). Returns the row count."""
+    path = Path(path)
+    n = 0
+    with atomic_path(path) as tmp:
+        opener = gzip.open if path.suffix == ".gz" else open
+        # mtime=0 keeps gzip output byte-identical across runs.
+        raw = open(tmp, "wb")
+        try:
+            fh: Any = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if opener is gzip.open else raw
+            for row in rows:
+                fh.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+                n += 1
+            if fh is not raw:
+                fh.close()
+        finally:
+            raw.close()
+    return n
+
+
+def remove_stale_tmp(folder: str | Path) -> int:
+    """Delete leftovers of killed atomic writes in `folder`. Returns how many were removed."""
+    n = 0
+    for p in Path(folder).glob(f"{_TMP_MARK}*"):
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        n += 1
+    return n
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# ---------------------------------------------------------------------------- readers
+
+
+@dataclass
+class ReadStats:
+    """What a tolerant read skipped: bad line numbers with the reason."""
+
+    path: str
+    rows: int = 0
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+
+
+def _open_text_bytes(path: Path) -> io.BufferedIOBase:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def iter_jsonl(
+    path: str | Path,
+    *,
+    skip_bad: bool = False,
+    stats: ReadStats | None = None,
+    max_line_bytes: int = 64 << 20,
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Stream `(line_number, object)` from a `.jsonl` or `.jsonl.gz` file, never loading it whole.
+
+    A malformed line (not UTF-8, not JSON, not an object, truncated, longer than
+    `max_line_bytes`) raises `DataError` naming the file and the 1-based line number, unless
+    `skip_bad` is set: then it is skipped and recorded in `stats`. Blank lines are ignored.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DataError("file not found", path=path)
+    if stats is None:
+        stats = ReadStats(str(path))
+    try:
+        fh = _open_text_bytes(path)
+        with fh:
+            for lineno, raw in enumerate(fh, start=1):
+                err: str | None = None
+                obj: Any = None
+                if len(raw) > max_line_bytes:
+                    err = f"line is {len(raw)} bytes, over the {max_line_bytes}-byte limit"
+                elif not raw.strip():
+                    continue
+                else:
+                    try:
+                        text = raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        err = f"not valid UTF-8 at byte {e.start}"
+                    else:
+                        try:
+                            obj = json.loads(text)
+                        except json.JSONDecodeError as e:
+                            tail = "" if raw.endswith(b"\n") else " (truncated last line?)"
+                            err = f"invalid JSON: {e.msg} at column {e.colno}{tail}"
+                        else:
+                            if not isinstance(obj, dict):
+                                err = f"expected a JSON object, got {type(obj).__name__}"
+                if err is not None:
+                    if not skip_bad:
+                        raise DataError(err, path=path, row=lineno)
+                    stats.skipped.append((lineno, err))
+                    continue
+                stats.rows += 1
+                yield lineno, obj
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise DataError(f"cannot read: {e}", path=path) from e
+
+
+def read_jsonl(path: str | Path, **kwargs: Any) -> list[dict[str, Any]]:
+    """`iter_jsonl` collected into a list (for small files: QA sets, trajectories)."""
+    return [obj for _, obj in iter_jsonl(path, **kwargs)]
