@@ -1,0 +1,34 @@
+"""Shared fixtures. Heavy artifacts (the tiny world, indexes, policies) are built once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `tiny` knowledge world (seed 13), generated once per test session. Read-only."""
+    from mempo.world import generate_world
+
+    out = tmp_path_factory.mktemp("world") / "world"
+    generate_world(out, size="tiny", seed=13)
+    return out
+
+
+@pytest.fixture()
+def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh sqlite MLflow store per test (never the project's own mlflow.db)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ARTIFACTS_DESTINATION", str(tmp_path / "mlartifacts"))
+    return uri
