@@ -18,7 +18,6 @@ import io
 import json
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field

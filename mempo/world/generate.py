@@ -382,6 +382,11 @@ def _make_questions(
                    for i, p in enumerate(people)}
         for p in people:
             for q in _subject_questions(w, p):
+                # A bridge whose answer already stands in the first passage (e.g. the
+                # founder was born in the subject's own city) is a shortcut: drop it.
+                first = w.passages[int(q["chain"][0]["doc_id"])]["contents"]
+                if len(q["chain"]) > 1 and q["answer"] in first:
+                    continue
                 q["subjects"] = [p.id]
                 rows.append(q)
         # Comparisons pair two subjects of the same split (and the same train half).
