@@ -1,0 +1,89 @@
+"""mempo.tracking against a real sqlite MLflow store: URI resolution, nesting, tags, FAILED runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from mempo import tracking
+
+
+def test_tracking_uri_defaults_to_project_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ARTIFACTS_DESTINATION", raising=False)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.delenv("MEMPO_PROJECT_ROOT", raising=False)
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    sub = tmp_path / "a" / "b"
+    sub.mkdir(parents=True)
+    monkeypatch.chdir(sub)
+    assert tracking.tracking_uri() == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    assert tracking.artifact_root(experiment="x") == f"{(tmp_path.resolve() / 'mlartifacts').as_uri()}/x"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert tracking.tracking_uri() == "http://127.0.0.1:5000"
+    assert tracking.artifact_root() is None
+
+
+def test_stage_runs_nest_under_pipeline_run_and_carry_lineage(
+    mlflow_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DVC_STAGE", "train")
+    data = tmp_path / "in.jsonl"
+    data.write_text('{"a": 1}\n')
+    with tracking.pipeline_run("pipe", params={"train": {"lambda_mem": 1.0}}) as parent_id:
+        with tracking.stage_run("train", params={"lambda_mem": 1.0}, data={"train": data}) as run:
+            logged = tracking.log_metrics({"loss": 0.5, "eval": {"em": 1}, "note": "text"}, step=3)
+            tracking.log_json({"em": 1.0}, "metrics.json")
+        with pytest.raises(RuntimeError), tracking.stage_run("eval"):
+            raise RuntimeError("stage crashed")
+        failed_id = mlflow.last_active_run().info.run_id
+    client = mlflow.MlflowClient(mlflow_uri)
+    child = client.get_run(run.info.run_id)
+    assert child.data.tags["mlflow.parentRunId"] == parent_id
+    assert child.info.experiment_id == client.get_run(parent_id).info.experiment_id
+    assert child.data.tags["dvc.stage"] == "train"
+    assert child.data.tags["mempo.stage"] == "train"
+    assert len(child.data.tags["mlflow.source.git.commit"]) in (40, len("unknown"))
+    assert len(child.data.tags["data.train.sha256"]) == 64
+    assert child.data.params == {"lambda_mem": "1.0"}
+    assert child.data.metrics == {"loss": 0.5, "eval/em": 1.0}
+    assert set(logged) == {"loss", "eval/em"}
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["metrics.json"]
+    assert client.get_run(failed_id).info.status == "FAILED"
+    assert client.get_run(failed_id).data.tags["mlflow.parentRunId"] == parent_id
+    assert client.get_run(parent_id).info.status == "FINISHED"
+    assert "MEMPO_PARENT_RUN_ID" not in __import__("os").environ
+
+
+def test_stage_run_in_child_process_nests_via_env(mlflow_uri: str, tmp_path: Path) -> None:
+    code = (
+        "from mempo.tracking import stage_run\n"
+        "with stage_run('index') as r: print(r.info.run_id)\n"
+    )
+    with tracking.pipeline_run("pipe") as parent_id:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    child_id = out.stdout.strip().splitlines()[-1]
+    run = mlflow.MlflowClient(mlflow_uri).get_run(child_id)
+    assert run.data.tags["mlflow.parentRunId"] == parent_id
+    assert run.info.status == "FINISHED"
+
+
+def test_dir_hash_changes_with_content(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("one")
+    h1 = tracking.path_hash(tmp_path / "d")
+    (tmp_path / "d" / "a.txt").write_text("two")
+    assert tracking.path_hash(tmp_path / "d") != h1
+
+
+def test_tracking_off_is_a_noop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MEMPO_TRACKING", "0")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'never.db'}")
+    with tracking.stage_run("train") as run:
+        tracking.log_metrics({"x": 1.0})
+    assert run.info.run_id is None
+    assert not (tmp_path / "never.db").exists()
