@@ -1,0 +1,97 @@
+"""Metric aggregation by hand, and the report printing exactly the metrics.json numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from mempo.evaluation.metrics import aggregate, nested, prompt_tokens_by_turn
+from mempo.evaluation.report import parse_report_tables, write_plots, write_report
+
+
+def _row(agent: str, bench: str, k: int = 1, **kw: object) -> dict[str, object]:
+    base: dict[str, object] = dict(
+        agent=agent, benchmark=bench, id="x", k=k, em=0.0, f1=0.0, substring_em=0.0,
+        format_valid=1.0, objective_em=float("nan"), all_correct=float("nan"), turns=2, searches=1,
+        peak_prompt_tokens=100, total_prompt_tokens=150, generated_tokens=40, latency_s=0.5,
+        truncated=0.0, memory_probe=float("nan"), prompt_tokens_by_turn=[50, 100],
+    )
+    base.update(kw)
+    return base
+
+
+def test_aggregate_by_hand() -> None:
+    rows = [
+        _row("memory", "world", em=1.0, f1=1.0, substring_em=1.0, memory_probe=0.5, peak_prompt_tokens=90),
+        _row("memory", "world", em=0.0, f1=0.5, substring_em=1.0, memory_probe=0.25, peak_prompt_tokens=120,
+             truncated=1.0, format_valid=0.0, turns=3),
+        _row("memory", "world", em=0.0, f1=1 / 3, memory_probe=0.0, peak_prompt_tokens=60),
+        _row("direct", "world", em=1.0, f1=1.0, turns=1, searches=0),
+    ]
+    flat = aggregate(rows)
+    assert flat["memory/world/n"] == 3
+    assert flat["memory/world/em"] == round(1 / 3, 4)
+    assert flat["memory/world/f1"] == round((1 + 0.5 + 1 / 3) / 3, 4)   # 0.6111
+    assert flat["memory/world/substring_em"] == round(2 / 3, 4)
+    assert flat["memory/world/format_valid"] == round(2 / 3, 4)
+    assert flat["memory/world/truncated"] == round(1 / 3, 4)
+    assert flat["memory/world/turns"] == round(7 / 3, 4)
+    assert flat["memory/world/peak_prompt_tokens"] == 90.0               # (90 + 120 + 60) / 3
+    assert flat["memory/world/peak_prompt_tokens_max"] == 120
+    assert flat["memory/world/memory_probe"] == 0.25
+    # No memory -> no probe key (never NaN in metrics.json); k = 1 -> no multi-objective keys.
+    assert "direct/world/memory_probe" not in flat
+    assert not any(k.endswith(("objective_em", "all_correct")) for k in flat)
+    assert flat["direct/world/em"] == 1.0
+    assert list(flat) == sorted(flat)
+    assert all(not (isinstance(v, float) and math.isnan(v)) for v in flat.values())
+
+
+def test_multi_objective_keys_only_for_k_above_one() -> None:
+    rows = [
+        _row("memory", "world-k4", k=4, em=0.0, objective_em=0.75, all_correct=0.0),
+        _row("memory", "world-k4", k=4, em=1.0, objective_em=1.0, all_correct=1.0),
+    ]
+    flat = aggregate(rows)
+    assert flat["memory/world-k4/objective_em"] == 0.875
+    assert flat["memory/world-k4/all_correct"] == 0.5
+
+
+def test_prompt_tokens_by_turn_averages_over_episodes_reaching_each_turn() -> None:
+    rows = [{"prompt_tokens_by_turn": [10, 20, 30]}, {"prompt_tokens_by_turn": [20, 40]}]
+    assert prompt_tokens_by_turn(rows) == {0: 15.0, 1: 30.0, 2: 30.0}
+
+
+def _sample_rows() -> list[dict[str, object]]:
+    rows = []
+    for bench, k in (("world", 1), ("world-k1", 1), ("world-k2", 2), ("world-k4", 4)):
+        for agent in ("memory", "full_context", "external_memory", "rag", "direct"):
+            for i in range(3):
+                turns = [100 + 10 * t for t in range(k + 1)] if agent == "memory" else [100 + 80 * t for t in range(k + 1)]
+                rows.append(_row(agent, bench, k=k, em=float(i == 0), f1=0.123456 * (i + 1),
+                                 objective_em=0.5 if k > 1 else float("nan"),
+                                 all_correct=float(i == 0) if k > 1 else float("nan"),
+                                 memory_probe=0.1 * i if agent == "memory" else float("nan"),
+                                 peak_prompt_tokens=max(turns), prompt_tokens_by_turn=turns,
+                                 latency_s=0.01 * (i + 1)))
+    return rows
+
+
+def test_report_holds_exactly_the_metrics_json_numbers(tmp_path: Path) -> None:
+    rows = _sample_rows()
+    flat = aggregate(rows)
+    (tmp_path / "metrics.json").write_text(json.dumps(flat))
+    plots = write_plots(tmp_path / "plots", flat, rows)
+    md_path, html_path = write_report(tmp_path, flat, header={"model": "m"}, plots=plots)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    printed = parse_report_tables(md_path.read_text())
+    # Every metrics.json key appears once in the tables, printed as JSON prints it.
+    assert printed == {k: json.dumps(v) for k, v in metrics.items()}
+    assert set(plots) == {"prompt_tokens_by_turn", "em_vs_k", "peak_prompt_tokens_vs_k", "em_by_benchmark"}
+    for p in plots.values():
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = html_path.read_text()
+    assert page.count("data:image/png;base64,") == len(plots)
+    assert "<table>" in page and json.dumps(metrics["memory/world-k4/f1"]) in page
+    assert nested(flat)["memory"]["world-k4"]["objective_em"] == 0.5
