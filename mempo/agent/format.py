@@ -72,8 +72,10 @@ INVALID_TURN_OBSERVATION = (
     "<access> title </access> or <answer> final answer </answer>, and nothing after it."
 )
 
-# Answer probe for the memory reward: the answer is scored right after this assistant prefix.
-ANSWER_PROBE_PREFIX = ANSWER_OPEN + " "
+# Answer probe for the memory reward: the rendered prompt ends with this assistant prefix and
+# the scored continuation is " " + answer (the leading space keeps BPE word boundaries as
+# they are when the model writes `<answer> a`).
+ANSWER_PROBE_PREFIX = ANSWER_OPEN
 
 
 @dataclass(frozen=True)
@@ -260,10 +262,15 @@ def build_messages(
 def answer_probe_messages(question: str, memory: str | None) -> list[dict[str, str]]:
     """Messages for the memory reward P(a* | q, mem): only the question and that memory.
 
-    The gold answer is then scored right after the generation prompt plus
-    `ANSWER_PROBE_PREFIX` ("<answer> ").
+    Render with `render_prompt(tok, msgs, ANSWER_PROBE_PREFIX)`; the gold answer is then
+    scored as the continuation `" " + answer` (see `answer_continuation`).
     """
     return build_messages(question, memory=memory if memory is not None else "")
+
+
+def answer_continuation(answer: str) -> str:
+    """The text scored after `ANSWER_PROBE_PREFIX`: `" " + answer` (stripped answer)."""
+    return " " + answer.strip()
 
 
 def render_prompt(tokenizer: Any, messages: list[dict[str, str]], assistant_prefix: str = "") -> str:

@@ -1,0 +1,340 @@
+"""MemPO's two advantages: the GRPO outcome advantage A^T and the memory advantage A^M.
+
+Both trainers (local and verl) call these functions; nothing else computes advantages.
+
+    A_T = grpo_outcome_advantage(scores, group_ids)                     # [N rollouts]
+    p = answer_probability(model, tok, prompts, answers)                # .prob, .mean_logprob
+    R_M = memory_reward(model, tok, turns, eps="previous", form="prob") # [M turn records]
+    A_M = memory_advantage(R_M, turn_group_ids, turn_index)             # [M]
+    adv = combine(A_T[rollout_of_turn], A_M, mem_mask, lambda_mem=1.0)  # [M, L] per token
+
+The MemPO paper (arXiv 2603.00680) defines R^M_t = P(a* | q, mem_t) - eps_t with P the
+geometric mean of the per-token answer probabilities. Its baseline eps_t and the exact
+normalisation could not be confirmed from the released code, so every choice here is a
+`params.yaml` value (`mempo:` section) with the paper reading as default:
+eps="previous" (P of the previous turn's memory, 0 before the first memory),
+form="prob", norm_by_std=True, group="per_turn" (normalise within (group, turn index)).
+Standard deviations are the unbiased sample std (as verl's GRPO); a group of one gives 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+EpsMode = Literal["previous", "full_context", "none"]
+RewardForm = Literal["prob", "logprob"]
+MemGroupMode = Literal["per_turn", "per_group"]
+
+GroupIds = Sequence[Hashable] | torch.Tensor
+
+
+def _codes(ids: GroupIds) -> torch.Tensor:
+    """Map arbitrary hashable ids (strings, ints, tuples) to int64 codes 0..G-1, shape [N]."""
+    if isinstance(ids, torch.Tensor):
+        _, inv = torch.unique(ids, return_inverse=True)
+        return inv.long().reshape(-1)
+    table: dict[Hashable, int] = {}
+    return torch.tensor([table.setdefault(g, len(table)) for g in ids], dtype=torch.long)
+
+
+def _group_normalise(values: torch.Tensor, codes: torch.Tensor, norm_by_std: bool, eps: float) -> torch.Tensor:
+    """(v - mean_g) / (std_g + eps) per group code (or v - mean_g); groups of one give 0."""
+    v = values.double()
+    n_groups = int(codes.max()) + 1 if codes.numel() else 0
+    count = torch.zeros(n_groups, dtype=torch.double).index_add_(0, codes, torch.ones_like(v))
+    total = torch.zeros(n_groups, dtype=torch.double).index_add_(0, codes, v)
+    mean = total / count.clamp(min=1)
+    centred = v - mean[codes]
+    out = centred
+    if norm_by_std:
+        sq = torch.zeros(n_groups, dtype=torch.double).index_add_(0, codes, centred * centred)
+        std = (sq / (count - 1).clamp(min=1)).sqrt()
+        out = centred / (std[codes] + eps)
+    out = torch.where(count[codes] > 1, out, torch.zeros_like(out))
+    return out.to(values.dtype if values.is_floating_point() else torch.float32)
+
+
+def grpo_outcome_advantage(
+    scores: torch.Tensor | Sequence[float],
+    group_ids: GroupIds,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """A^T_i = (R_i - mean_g) / (std_g + eps) over the rollouts of one prompt (group g).
+
+    Args:
+        scores: outcome rewards R^T, shape [N] (one per rollout).
+        group_ids: the prompt (uid) of each rollout, length N.
+        norm_by_std: divide by the group's unbiased std (False: only subtract the mean).
+        eps: added to the std.
+    Returns:
+        float tensor [N]; 0 for rollouts alone in their group.
+    """
+    s = torch.as_tensor(scores, dtype=torch.float32).reshape(-1)
+    return _group_normalise(s, _codes(group_ids), norm_by_std, eps)
+
+
+@dataclass
+class AnswerProbability:
+    """Teacher-forced answer likelihood, one entry per (prompt, answer) pair.
+
+    Attributes:
+        prob: geometric-mean per-token probability exp(mean_l log p(a_l | prompt, a_<l)), [N].
+        mean_logprob: mean_l log p(a_l | prompt, a_<l), [N] (nats per answer token).
+        n_tokens: answer tokens scored, [N] (int64).
+    """
+
+    prob: torch.Tensor
+    mean_logprob: torch.Tensor
+    n_tokens: torch.Tensor
+
+
+def answer_probability(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    answers: Sequence[str],
+    batch_size: int = 16,
+    padding_side: Literal["left", "right"] = "left",
+) -> AnswerProbability:
+    """Teacher-forced probability of each answer after its prompt, batched.
+
+    Prompt and answer are tokenised separately (no special tokens added) and concatenated,
+    so the scored tokens are exactly the answer's tokens. Padded rows get explicit position
+    ids (cumulative attention), so results match unbatched calls for either padding side.
+    Log-softmax is taken in float32. With left padding only the last (max answer length + 1)
+    positions' logits are computed (`logits_to_keep`), which keeps memory flat in the prompt
+    length for large vocabularies.
+
+    Args:
+        model: a transformers causal LM (eval mode is the caller's job; no grad is taken).
+        tokenizer: its tokenizer.
+        prompts: N rendered prompt strings (e.g. `render_prompt(..., ANSWER_PROBE_PREFIX)`).
+        answers: N answer strings, scored as given (e.g. `answer_continuation(a)`).
+        batch_size: rows per forward pass.
+        padding_side: "left" (default, cheaper) or "right".
+    Returns:
+        `AnswerProbability` with tensors of shape [N] on the CPU.
+    """
+    if len(prompts) != len(answers):
+        raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+    probs: list[torch.Tensor] = []
+    means: list[torch.Tensor] = []
+    counts: list[torch.Tensor] = []
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    for start in range(0, len(prompts), batch_size):
+        p_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts[start:start + batch_size]]
+        a_ids = [tokenizer.encode(a, add_special_tokens=False) for a in answers[start:start + batch_size]]
+        for i, a in enumerate(a_ids):
+            if not a:
+                raise ValueError(f"answer {start + i} tokenises to nothing: {answers[start + i]!r}")
+        seqs = [p + a for p, a in zip(p_ids, a_ids, strict=True)]
+        width = max(len(s) for s in seqs)
+        b = len(seqs)
+        input_ids = torch.full((b, width), pad_id, dtype=torch.long)
+        attention = torch.zeros((b, width), dtype=torch.long)
+        offsets = []
+        for r, s in enumerate(seqs):
+            off = width - len(s) if padding_side == "left" else 0
+            input_ids[r, off:off + len(s)] = torch.tensor(s)
+            attention[r, off:off + len(s)] = 1
+            offsets.append(off)
+        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+        kwargs: dict[str, Any] = {}
+        keep = width
+        if padding_side == "left":
+            keep = max(len(a) for a in a_ids) + 1
+            kwargs["logits_to_keep"] = keep
+        with torch.no_grad():
+            logits = model(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                position_ids=position_ids.to(device), **kwargs,
+            ).logits
+        logits = logits[:, -keep:].float()
+        base = width - keep  # sequence index of logits[:, 0]
+        for r in range(b):
+            la = len(a_ids[r])
+            first = offsets[r] + len(p_ids[r])  # sequence index of the first answer token
+            # token at sequence index j is predicted by the logits at index j - 1
+            rows = logits[r, first - 1 - base:first - 1 - base + la]
+            logp = rows.log_softmax(-1).gather(-1, torch.tensor(a_ids[r], device=rows.device)[:, None])[:, 0]
+            mean = logp.mean().cpu()
+            means.append(mean)
+            probs.append(mean.exp())
+            counts.append(torch.tensor(la))
+    return AnswerProbability(torch.stack(probs), torch.stack(means), torch.stack(counts).long())
+
+
+@dataclass(frozen=True)
+class MemoryTurn:
+    """One turn's memory, for the memory reward.
+
+    Attributes:
+        rollout_id: the rollout (episode) this turn belongs to.
+        turn_index: 0-based turn number within the rollout.
+        question: the task's question.
+        memory: the `<mem>` text written at this turn ("" / None when none was written).
+        answer: the gold answer to score (multi-objective: "a1; a2; ...").
+        full_context_prompt: the rendered full-history prompt up to this turn (ending with
+            `ANSWER_PROBE_PREFIX`); needed only for eps="full_context".
+    """
+
+    rollout_id: Hashable
+    turn_index: int
+    question: str
+    memory: str | None
+    answer: str
+    full_context_prompt: str | None = None
+
+
+def memory_reward_from_scores(
+    mem_scores: torch.Tensor | Sequence[float],
+    rollout_ids: GroupIds,
+    turn_index: torch.Tensor | Sequence[int],
+    eps: EpsMode = "previous",
+    full_context_scores: torch.Tensor | Sequence[float] | None = None,
+) -> torch.Tensor:
+    """R^M_{i,t} = S(mem_{i,t}) - eps_{i,t} from already computed scores S (P or mean log P).
+
+    Args:
+        mem_scores: S(a* | q, mem_{i,t}), shape [M], one per turn record.
+        rollout_ids: rollout of each record, length M.
+        turn_index: turn number of each record, [M].
+        eps: "previous": eps_{i,t} = S(mem_{i,t-1}) of the same rollout, 0 when there is
+            no turn t-1 record (before the first memory); "full_context": eps_{i,t} =
+            `full_context_scores`; "none": eps = 0.
+        full_context_scores: S(a* | full history up to turn t), [M] (eps="full_context").
+    Returns:
+        float tensor [M].
+    """
+    s = torch.as_tensor(mem_scores, dtype=torch.float64).reshape(-1)
+    if eps == "none":
+        return s.float()
+    if eps == "full_context":
+        if full_context_scores is None:
+            raise ValueError("eps='full_context' needs full_context_scores")
+        f = torch.as_tensor(full_context_scores, dtype=torch.float64).reshape(-1)
+        return (s - f).float()
+    if eps != "previous":
+        raise ValueError(f"unknown eps mode '{eps}' (previous | full_context | none)")
+    codes = _codes(rollout_ids).tolist()
+    turns = torch.as_tensor(turn_index).reshape(-1).tolist()
+    where = {(c, int(t)): k for k, (c, t) in enumerate(zip(codes, turns, strict=True))}
+    base = torch.zeros_like(s)
+    for k, (c, t) in enumerate(zip(codes, turns, strict=True)):
+        prev = where.get((c, int(t) - 1))
+        if prev is not None:
+            base[k] = s[prev]
+    return (s - base).float()
+
+
+def memory_reward(
+    model: Any,
+    tokenizer: Any,
+    turns: Sequence[MemoryTurn],
+    eps: EpsMode = "previous",
+    form: RewardForm = "prob",
+    batch_size: int = 16,
+) -> torch.Tensor:
+    """R^M for each turn record: P(a* | q, mem_{i,t}) - eps_{i,t} (see module docstring).
+
+    P comes from `answer_probability` on a prompt of only the question and that memory
+    (`mempo.agent.format.answer_probe_messages`), rendered with the tokenizer's chat
+    template. form="prob" uses the geometric-mean probability, form="logprob" the mean
+    log-probability (then R^M is a difference of mean log-probs).
+
+    Returns:
+        float tensor [len(turns)].
+    """
+    from mempo.agent.format import (
+        ANSWER_PROBE_PREFIX,
+        answer_continuation,
+        answer_probe_messages,
+        render_prompt,
+    )
+
+    if form not in ("prob", "logprob"):
+        raise ValueError(f"unknown memory reward form '{form}' (prob | logprob)")
+    prompts = [render_prompt(tokenizer, answer_probe_messages(t.question, t.memory), ANSWER_PROBE_PREFIX)
+               for t in turns]
+    answers = [answer_continuation(t.answer) for t in turns]
+
+    def pick(ap: AnswerProbability) -> torch.Tensor:
+        return ap.prob if form == "prob" else ap.mean_logprob
+
+    mem_scores = pick(answer_probability(model, tokenizer, prompts, answers, batch_size=batch_size))
+    full_scores = None
+    if eps == "full_context":
+        missing = [k for k, t in enumerate(turns) if t.full_context_prompt is None]
+        if missing:
+            raise ValueError(f"eps='full_context' needs full_context_prompt (missing for turn record {missing[0]})")
+        full_scores = pick(answer_probability(
+            model, tokenizer, [t.full_context_prompt or "" for t in turns], answers, batch_size=batch_size))
+    return memory_reward_from_scores(
+        mem_scores, [t.rollout_id for t in turns], [t.turn_index for t in turns], eps, full_scores)
+
+
+def memory_advantage(
+    rewards: torch.Tensor | Sequence[float],
+    group_ids: GroupIds,
+    turn_index: torch.Tensor | Sequence[int],
+    norm_by_std: bool = True,
+    group: MemGroupMode = "per_turn",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """A^M: memory rewards normalised like GRPO within each (prompt group, turn index).
+
+    Args:
+        rewards: R^M, [M] turn records.
+        group_ids: the prompt (uid) of each record's rollout, length M.
+        turn_index: turn number of each record, [M].
+        norm_by_std: divide by the unbiased std (else subtract the mean only).
+        group: "per_turn" normalises within (group, turn index) (default); "per_group"
+            within the group over all its turn records.
+        eps: added to the std.
+    Returns:
+        float tensor [M]; 0 for records alone in their normalisation set.
+    """
+    r = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
+    g = _codes(group_ids).tolist()
+    if group == "per_turn":
+        t = torch.as_tensor(turn_index).reshape(-1).tolist()
+        keys: list[Hashable] = list(zip(g, t, strict=True))
+    elif group == "per_group":
+        keys = list(g)
+    else:
+        raise ValueError(f"unknown memory advantage grouping '{group}' (per_turn | per_group)")
+    return _group_normalise(r, _codes(keys), norm_by_std, eps)
+
+
+def combine(
+    A_T: torch.Tensor,
+    A_M: torch.Tensor,
+    mem_mask: torch.Tensor,
+    lambda_mem: float = 1.0,
+    response_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token advantage: A^T on every generated token plus lambda_mem * A^M on `<mem>` tokens.
+
+    Args:
+        A_T: outcome advantage of each turn record's rollout, [M] (or already per token, [M, L]).
+        A_M: memory advantage of each turn record, [M].
+        mem_mask: 1 on the tokens inside that turn's `<mem>` span, [M, L].
+        lambda_mem: weight of the memory advantage (`train.lambda_mem`).
+        response_mask: 1 on generated tokens, [M, L] (default: all ones); A is 0 elsewhere.
+    Returns:
+        float tensor [M, L].
+    """
+    mask = mem_mask.to(torch.float32)
+    a_t = A_T.to(torch.float32)
+    if a_t.dim() == 1:
+        a_t = a_t[:, None].expand_as(mask)
+    adv = a_t + lambda_mem * A_M.to(torch.float32)[:, None] * mask
+    if response_mask is not None:
+        adv = adv * response_mask.to(torch.float32)
+    return adv

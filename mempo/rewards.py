@@ -1,0 +1,218 @@
+"""Answer scoring and the outcome reward R^T: the project's ONE answer normaliser.
+
+Pure functions, no trainer needed. Metrics return per-sample values; aggregate with a mean.
+
+    normalize_answer("The  Eiffel-Tower!")          # -> "eiffel tower"
+    exact_match("the Eiffel Tower", ["Eiffel Tower"])          # -> 1.0
+    substring_match("It is the Eiffel Tower.", ["eiffel tower"])  # -> 1.0
+    token_f1("Eiffel Tower Paris", ["Eiffel Tower"])           # -> 0.8 (P=2/3, R=1)
+    multi_objective_scores("Paris; 1900", ["Paris", ["1901", "1900"]])
+    # -> ObjectiveScores(per_objective=[1.0, 1.0], mean=1.0, all_correct=1.0)
+    outcome_reward(answer="Paris", golden_answers=["Paris"], format_valid=True)   # -> 1.0
+    compute_score("world", "<mem> m </mem> <answer> Paris </answer>", ["Paris"])  # -> 1.0
+
+Worked example of the outcome reward with a format penalty of 0.2 (`mempo.format_penalty`):
+a correct answer in an episode with an invalid turn scores 1 - 0.2 = 0.8 when
+`format_rule="penalty"`, and 0 under the default `format_rule="strict"` (MemPO: R^T = 1 only
+when the answer is correct AND the format valid).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from mempo.agent.format import ANSWER_SEP, parse_turn
+
+MultiRule = Literal["all", "mean", "any"]
+FormatRule = Literal["strict", "penalty", "ignore"]
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """Lowercase, drop punctuation, drop English articles, collapse whitespace (SQuAD style).
+
+    Punctuation is replaced by a space before articles are removed, so "Eiffel-Tower" and
+    "Eiffel Tower" normalise alike.
+    """
+    s = str(text).lower()
+    s = "".join(" " if ch in _PUNCT else ch for ch in s)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def _as_list(golden: str | Sequence[str]) -> list[str]:
+    return [golden] if isinstance(golden, str) else [str(g) for g in golden]
+
+
+def exact_match(prediction: str | None, golden_answers: str | Sequence[str]) -> float:
+    """1.0 when the normalised prediction equals any normalised gold answer, else 0.0."""
+    if prediction is None:
+        return 0.0
+    p = normalize_answer(prediction)
+    return float(any(p == normalize_answer(g) for g in _as_list(golden_answers)))
+
+
+def substring_match(prediction: str | None, golden_answers: str | Sequence[str]) -> float:
+    """1.0 when any normalised gold answer occurs in the normalised prediction (word-aligned)."""
+    if prediction is None:
+        return 0.0
+    p = f" {normalize_answer(prediction)} "
+    return float(any(normalize_answer(g) and f" {normalize_answer(g)} " in p for g in _as_list(golden_answers)))
+
+
+def token_f1(prediction: str | None, golden_answers: str | Sequence[str]) -> float:
+    """Best token-level F1 between the normalised prediction and any gold answer, in [0, 1]."""
+    if prediction is None:
+        return 0.0
+    pred = normalize_answer(prediction).split()
+    best = 0.0
+    for g in _as_list(golden_answers):
+        gold = normalize_answer(g).split()
+        common = sum((Counter(pred) & Counter(gold)).values())
+        if not pred or not gold:
+            f1 = float(pred == gold)
+        elif common == 0:
+            f1 = 0.0
+        else:
+            prec, rec = common / len(pred), common / len(gold)
+            f1 = 2 * prec * rec / (prec + rec)
+        best = max(best, f1)
+    return best
+
+
+@dataclass(frozen=True)
+class ObjectiveScores:
+    """Per-objective exact match of a `a1; a2; ...` answer and its aggregates (all in [0, 1])."""
+
+    per_objective: list[float]
+    mean: float
+    all_correct: float
+
+    def score(self, rule: MultiRule = "all") -> float:
+        """The task's correctness under `rule`: all objectives right, their mean, or any."""
+        if rule == "all":
+            return self.all_correct
+        if rule == "mean":
+            return self.mean
+        if rule == "any":
+            return float(any(self.per_objective))
+        raise ValueError(f"unknown multi-objective rule '{rule}' (all | mean | any)")
+
+
+def multi_objective_scores(
+    prediction: str | None, objectives: Sequence[str | Sequence[str]]
+) -> ObjectiveScores:
+    """Score a `;`-separated answer against one gold answer list per objective, in order.
+
+    Missing parts score 0; extra parts are ignored. `objectives[i]` is a string or a list of
+    accepted answers for objective i.
+    """
+    k = len(objectives)
+    parts = [] if prediction is None else [p.strip() for p in prediction.split(ANSWER_SEP)]
+    per = [exact_match(parts[i], objectives[i]) if i < len(parts) else 0.0 for i in range(k)]
+    mean = sum(per) / k if k else 0.0
+    return ObjectiveScores(per, mean, float(k > 0 and all(per)))
+
+
+def objective_answers(golden_answers: Sequence[str], extra_info: dict[str, Any] | None = None) -> list[list[str]]:
+    """Per-objective gold answer lists: from `metadata.objectives` when given, else split
+    the single gold string `a1; a2; ...` (one objective when there is no `;`)."""
+    objs = None
+    if extra_info:
+        objs = extra_info.get("objectives") or (extra_info.get("metadata") or {}).get("objectives")
+    if objs:
+        return [_as_list(o["golden_answers"]) for o in objs]
+    golds = _as_list(golden_answers)
+    if len(golds) == 1 and ANSWER_SEP in golds[0]:
+        return [[p.strip()] for p in golds[0].split(ANSWER_SEP)]
+    return [golds]
+
+
+def answer_correctness(
+    answer: str | None,
+    golden_answers: Sequence[str],
+    objectives: Sequence[Sequence[str]] | None = None,
+    multi_rule: MultiRule = "all",
+) -> float:
+    """Correctness in [0, 1]: EM for one objective, `multi_rule` over objectives otherwise."""
+    objs = list(objectives) if objectives is not None else objective_answers(golden_answers)
+    if len(objs) <= 1:
+        return exact_match(answer, objs[0] if objs else golden_answers)
+    return multi_objective_scores(answer, objs).score(multi_rule)
+
+
+def episode_format_valid(turn_texts: Sequence[str]) -> bool:
+    """An episode's format is valid when every turn parses as valid and the last one answers."""
+    if not turn_texts:
+        return False
+    parsed = [parse_turn(t) for t in turn_texts]
+    return all(p.valid for p in parsed) and parsed[-1].action == "answer"
+
+
+def outcome_reward(
+    answer: str | None,
+    golden_answers: Sequence[str],
+    format_valid: bool,
+    objectives: Sequence[Sequence[str]] | None = None,
+    multi_rule: MultiRule = "all",
+    format_rule: FormatRule = "strict",
+    format_penalty: float = 0.0,
+) -> float:
+    """R^T: correctness of the final answer, gated or penalised by format validity.
+
+    `format_rule`: "strict" (MemPO default: R = correct AND valid, so 0 when invalid),
+    "penalty" (R = correct - format_penalty when invalid, floored at -format_penalty),
+    "ignore" (R = correct).
+    """
+    correct = answer_correctness(answer, golden_answers, objectives, multi_rule)
+    if format_valid or format_rule == "ignore":
+        return correct
+    if format_rule == "strict":
+        return 0.0
+    if format_rule == "penalty":
+        return correct - format_penalty
+    raise ValueError(f"unknown format rule '{format_rule}' (strict | penalty | ignore)")
+
+
+_TURN_SPLIT = re.compile(r"(?=<mem>)")
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: str | Sequence[str] | dict[str, Any],
+    extra_info: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> float:
+    """verl's `reward.custom_reward_function` signature: R^T of one decoded trajectory.
+
+    `solution_str` is the model's output: one turn, or several turns concatenated (with
+    `<information>` blocks between them); turns are split at each `<mem>`, observations are
+    dropped, and every turn must be valid. `ground_truth` is the gold answer list (or a
+    dict with `target` as verl's RL datasets store it). `extra_info` may carry
+    `objectives` / `metadata.objectives`. kwargs: `multi_rule`, `format_rule`,
+    `format_penalty` (defaults: all, strict, 0.0).
+    """
+    if isinstance(ground_truth, dict):
+        ground_truth = ground_truth.get("target", ground_truth.get("golden_answers", []))
+    golds = _as_list(ground_truth)  # type: ignore[arg-type]
+    text = re.sub(r"<information>.*?</information>", " ", solution_str or "", flags=re.S)
+    turns = [t for t in _TURN_SPLIT.split(text) if t.strip()]
+    valid = episode_format_valid(turns)
+    answer = parse_turn(turns[-1]).argument if turns else None
+    last = parse_turn(turns[-1]) if turns else None
+    if last is not None and last.action != "answer":
+        answer = None
+    return outcome_reward(
+        answer, golds, valid, objective_answers(golds, extra_info),
+        multi_rule=kwargs.get("multi_rule", "all"),
+        format_rule=kwargs.get("format_rule", "strict"),
+        format_penalty=float(kwargs.get("format_penalty", 0.0)),
+    )
