@@ -27,6 +27,7 @@ from mempo.errors import MempoError
 COMMAND_MODULES = [
     "mempo.commands.world",
     "mempo.commands.pipeline",
+    "mempo.commands.policy",
 ]
 
 

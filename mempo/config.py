@@ -35,10 +35,29 @@ class WorldParams(Section):
     out: str = "outputs/world"
 
 
+class PolicyParams(Section):
+    """`mempo policy bootstrap`: the policy the trainers start from."""
+
+    kind: Literal["tiny", "smollm2", "base"] = "tiny"
+    out: str = "outputs/policy"
+    corpus: str = "outputs/world/corpus.jsonl"
+    questions: list[str] = Field(default_factory=lambda: ["outputs/world/qa/train.jsonl"])
+    base_model: str = ""
+    vocab_size: int = Field(1536, ge=300)
+    hidden_size: int = Field(128, ge=8)
+    intermediate_size: int = Field(384, ge=8)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    max_positions: int = Field(2048, ge=64)
+    seed: int = 0
+
+
 class Params(Section):
     """All of params.yaml. Sections are added by the stages that read them."""
 
     world: WorldParams = Field(default_factory=WorldParams)
+    policy: PolicyParams = Field(default_factory=PolicyParams)
 
 
 def _loc(err: dict[str, Any]) -> str:

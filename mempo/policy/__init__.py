@@ -1,0 +1,26 @@
+"""Policies the trainers start from: the offline tiny model, SmolLM2 from GGUF, or a base model.
+
+See `mempo.policy.bootstrap` (run with `mempo policy bootstrap --help`).
+"""
+
+from mempo.policy.bootstrap import (
+    POLICY_MANIFEST,
+    TinyPolicySpec,
+    bootstrap_policy,
+    bootstrap_smollm2,
+    bootstrap_tiny,
+    check_base_model,
+    find_smollm2_gguf,
+    resolve_policy_path,
+)
+
+__all__ = [
+    "POLICY_MANIFEST",
+    "TinyPolicySpec",
+    "bootstrap_policy",
+    "bootstrap_smollm2",
+    "bootstrap_tiny",
+    "check_base_model",
+    "find_smollm2_gguf",
+    "resolve_policy_path",
+]
