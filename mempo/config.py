@@ -53,10 +53,74 @@ class PolicyParams(Section):
     seed: int = 0
 
 
+class BenchmarksParams(Section):
+    """`benchmarks:` name -> FlashRAG jsonl path read by `mempo eval` (null = not available here).
+
+    The standard seven are listed with null paths (nothing is bundled offline); requesting
+    one without a path is an error. `world` also feeds `world-k{1,2,4,8,16}` (composed).
+    Any other `name: path` adds a custom benchmark.
+    """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    world: str | None = "outputs/world/qa/test.jsonl"
+    nq: str | None = None
+    triviaqa: str | None = None
+    popqa: str | None = None
+    hotpotqa: str | None = None
+    twowiki: str | None = Field(None, alias="2wiki")
+    musique: str | None = None
+    bamboogle: str | None = None
+
+    def paths(self) -> dict[str, str | None]:
+        """name -> path for every benchmark, custom ones included (`2wiki` under its real name)."""
+        out = {k: v for k, v in self.model_dump(by_alias=True).items()}
+        for name, value in out.items():
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"must be a path string or null, got {value!r}", field=f"benchmarks.{name}")
+        return out
+
+
+class EvalParams(Section):
+    """`mempo eval` / `mempo ask`: agents x benchmarks on one model; greedy unless temperature > 0."""
+
+    model: str = "outputs/train/model"  # HF folder, or models:/NAME@alias | models:/NAME/VERSION
+    benchmarks: list[str] = Field(
+        default_factory=lambda: ["world", "world-k1", "world-k2", "world-k4", "world-k8", "world-k16"],
+        min_length=1,
+    )
+    agents: list[Literal["memory", "full_context", "external_memory", "rag", "direct"]] = Field(
+        default_factory=lambda: ["memory", "full_context", "external_memory", "rag", "direct"],
+        min_length=1,
+    )
+    limit: int | None = Field(50, ge=1)
+    out: str = "outputs/eval"
+    concurrency: int = Field(16, ge=1)
+    max_prompt_tokens: int = Field(4096, ge=16)
+    seed: int = 0
+    retriever: str = "outputs/index"
+    backend: Literal["hf", "openai"] = "hf"
+    openai_url: str = "http://127.0.0.1:30000"
+    served_model: str = "policy"
+    device: str = "cpu"
+    max_turns: int = Field(6, ge=1)
+    max_turns_cap: int = Field(48, ge=1)
+    topk: int = Field(3, ge=1)
+    max_new_tokens: int = Field(160, ge=1)
+    max_obs_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    memory_probe: bool = True
+    external_memory_encoder: str = "hashing"
+    external_memory_snippets: int = Field(3, ge=1)
+    mlflow_genai: bool = True
+
+
 class Params(Section):
     """All of params.yaml. Sections are added by the stages that read them."""
 
     world: WorldParams = Field(default_factory=WorldParams)
+    eval: EvalParams = Field(default_factory=EvalParams)
+    benchmarks: BenchmarksParams = Field(default_factory=BenchmarksParams)
     policy: PolicyParams = Field(default_factory=PolicyParams)
 
 

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from mempo.evaluation.metrics import aggregate, nested, prompt_tokens_by_turn
 from mempo.evaluation.report import parse_report_tables, write_plots, write_report
 
@@ -95,3 +97,24 @@ def test_report_holds_exactly_the_metrics_json_numbers(tmp_path: Path) -> None:
     assert page.count("data:image/png;base64,") == len(plots)
     assert "<table>" in page and json.dumps(metrics["memory/world-k4/f1"]) in page
     assert nested(flat)["memory"]["world-k4"]["objective_em"] == 0.5
+
+
+def test_answer_scores_by_hand() -> None:
+    from mempo.evaluation.metrics import answer_scores
+
+    s = answer_scores("the Eiffel Tower!", ["Eiffel Tower"])
+    assert (s["em"], s["f1"], s["substring_em"]) == (1.0, 1.0, 1.0)
+    assert math.isnan(s["objective_em"]) and math.isnan(s["all_correct"])
+    s = answer_scores("Eiffel Tower in Paris", ["Eiffel Tower"])
+    # tokens: eiffel tower in paris vs eiffel tower: P = 2/4, R = 1 -> F1 = 2/3
+    assert (s["em"], s["substring_em"]) == (0.0, 1.0) and s["f1"] == pytest.approx(2 / 3)
+    assert answer_scores(None, ["x"])["em"] == 0.0
+    # A plain gold answer containing ";" stays one objective.
+    assert answer_scores("a; b", ["a; b"])["em"] == 1.0
+    meta = {"objectives": [{"question": "q1", "golden_answers": ["Paris"]},
+                           {"question": "q2", "golden_answers": ["1900", "nineteen hundred"]}]}
+    s = answer_scores("Paris; 1901", ["Paris; 1900"], meta)
+    assert (s["em"], s["objective_em"], s["all_correct"], s["substring_em"]) == (0.0, 0.5, 0.0, 0.0)
+    assert s["f1"] == 0.5   # paris 1901 vs paris 1900: 1 common of 2 and 2
+    s = answer_scores("paris ; nineteen hundred", ["Paris; 1900"], meta)
+    assert (s["em"], s["objective_em"], s["all_correct"]) == (1.0, 1.0, 1.0)

@@ -128,3 +128,45 @@ def prompt_tokens_by_turn(rows: Iterable[Mapping[str, Any]]) -> dict[int, float]
         for t, n in enumerate(r.get("prompt_tokens_by_turn") or []):
             sums.setdefault(t, []).append(float(n))
     return {t: sum(v) / len(v) for t, v in sorted(sums.items())}
+
+
+def answer_scores(
+    prediction: str | None, golden_answers: Sequence[str], metadata: Mapping[str, Any] | None = None
+) -> dict[str, float]:
+    """EM, F1, substring EM (and, for k > 1 tasks, per-objective EM and all-correct) of one answer.
+
+    All from `mempo.rewards`. For a k-objective task (`metadata.objectives`), `em` is the
+    task's correctness under the "all objectives right" rule (= `all_correct`),
+    `objective_em` the mean of the per-objective EMs, and `f1` / `substring_em` compare the
+    whole `a1; a2; ...` string with the joined gold string. A missing answer (None) scores 0.
+
+    Example: prediction "Paris; 1901" for objectives [["Paris"], ["1900"]] ->
+    em 0.0, objective_em 0.5, all_correct 0.0, f1 0.5 (1 of 2 tokens), substring_em 0.0.
+    """
+    from mempo.rewards import (
+        answer_correctness,
+        multi_objective_scores,
+        objective_answers,
+        substring_match,
+        token_f1,
+    )
+
+    # Only tasks composed with objectives are multi-objective; a plain gold answer that
+    # happens to contain ";" stays one objective.
+    if (metadata or {}).get("objectives"):
+        objectives = objective_answers(golden_answers, {"metadata": dict(metadata or {})})
+    else:
+        objectives = [list(golden_answers)]
+    out = {
+        "em": answer_correctness(prediction, golden_answers, objectives, multi_rule="all"),
+        "f1": token_f1(prediction, golden_answers),
+        "substring_em": substring_match(prediction, golden_answers),
+    }
+    if len(objectives) > 1:
+        mo = multi_objective_scores(prediction, objectives)
+        out["objective_em"] = mo.mean
+        out["all_correct"] = mo.all_correct
+    else:
+        out["objective_em"] = float("nan")
+        out["all_correct"] = float("nan")
+    return out
