@@ -115,6 +115,71 @@ class EvalParams(Section):
     mlflow_genai: bool = True
 
 
+class DataSource(Section):
+    """One FlashRAG QA file that feeds a split of the prepared data."""
+
+    name: str = Field(min_length=1)  # the parquet `data_source` (world, nq, hotpotqa, ...)
+    path: str = Field(min_length=1)
+    split: Literal["train", "val"]
+
+
+class Composition(Section):
+    """One multi-objective mix: `share` of each source's questions composed `k` at a time."""
+
+    k: int = Field(1, ge=1, le=16)
+    share: float = Field(1.0, gt=0.0, le=1.0)
+
+
+def _default_sources() -> list[DataSource]:
+    return [
+        DataSource(name="world", path="outputs/world/qa/train.jsonl", split="train"),
+        DataSource(name="world", path="outputs/world/qa/val.jsonl", split="val"),
+    ]
+
+
+class DataParams(Section):
+    """`mempo data prepare`: QA sets -> verl-schema train/val parquet."""
+
+    sources: list[DataSource] = Field(default_factory=_default_sources, min_length=1)
+    compositions: list[Composition] = Field(
+        default_factory=lambda: [Composition(k=1, share=1.0), Composition(k=2, share=0.5)],
+        min_length=1,
+    )
+    train_parts: list[str] | None = None
+    dedup: bool = True
+    seed: int = 0
+    leakage: Literal["drop", "fail"] = "drop"
+    eval_sets: list[str] = Field(default_factory=lambda: ["outputs/world/qa/test.jsonl"])
+    ability: str = "fact-reasoning"
+    gate: bool = True
+    out: str = "outputs/data"
+
+
+class ValidateBounds(Section):
+    """Limits the data contracts enforce (characters unless named otherwise)."""
+
+    max_line_bytes: int = Field(1 << 20, ge=1)
+    corpus_min_chars: int = Field(3, ge=1)
+    corpus_max_chars: int = Field(20_000, ge=1)
+    question_max_chars: int = Field(2_000, ge=1)
+    answer_max_chars: int = Field(500, ge=1)
+    max_answers: int = Field(100, ge=1)
+    prompt_max_chars: int = Field(40_000, ge=1)
+    eval_rate_metrics: list[str] = Field(
+        default_factory=lambda: ["em", "f1", "substring_em", "format_valid", "all_correct",
+                                 "objective_em"])
+    eval_key_columns: list[str] = Field(default_factory=lambda: ["agent", "benchmark", "id"])
+
+
+class ValidateParams(Section):
+    """`mempo validate`: Great Expectations data contracts (corpus, qa, prepared, eval)."""
+
+    out: str = "outputs/validation"
+    chunk_rows: int = Field(100_000, ge=1)
+    sample_rows: int = Field(20, ge=1)
+    bounds: ValidateBounds = Field(default_factory=ValidateBounds)
+
+
 class Params(Section):
     """All of params.yaml. Sections are added by the stages that read them."""
 
@@ -122,6 +187,9 @@ class Params(Section):
     eval: EvalParams = Field(default_factory=EvalParams)
     benchmarks: BenchmarksParams = Field(default_factory=BenchmarksParams)
     policy: PolicyParams = Field(default_factory=PolicyParams)
+    data: DataParams = Field(default_factory=DataParams)
+    # `validate` would shadow pydantic's BaseModel.validate; params.yaml still says `validate:`.
+    validation: ValidateParams = Field(default_factory=ValidateParams, alias="validate")
 
 
 def _loc(err: dict[str, Any]) -> str:
