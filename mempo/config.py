@@ -180,10 +180,43 @@ class ValidateParams(Section):
     bounds: ValidateBounds = Field(default_factory=ValidateBounds)
 
 
+class AgentParams(Section):
+    """The agent's turn loop and tools (mempo.agent): rollouts in training, SFT teacher runs."""
+
+    context: Literal["memory", "full"] = "memory"
+    max_turns: int = Field(8, ge=1)
+    max_prompt_tokens: int = Field(0, ge=0)
+    max_concurrent_episodes: int = Field(64, ge=1)
+    topk: int = Field(3, ge=1)
+    observation_max_tokens: int = Field(512, ge=1)
+    access_chunk_chars: int = Field(1000, ge=1)
+    short_text_chars: int = Field(100, ge=0)
+    max_new_tokens: int = Field(512, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    check_masks: bool = True
+
+
+class MempoParams(Section):
+    """MemPO's rewards and advantages (mempo.rewards, mempo.advantage); lambda_mem is in train."""
+
+    eps: Literal["previous", "full_context", "none"] = "previous"
+    form: Literal["prob", "logprob"] = "prob"
+    norm_by_std: bool = True
+    mem_adv_group: Literal["per_turn", "per_group"] = "per_turn"
+    adv_eps: float = Field(1e-6, gt=0.0)
+    format_rule: Literal["strict", "penalty", "ignore"] = "strict"
+    format_penalty: float = Field(0.0, ge=0.0)
+    multi_rule: Literal["all", "mean", "any"] = "all"
+    probe_batch_size: int = Field(16, ge=1)
+
+
 class Params(Section):
     """All of params.yaml. Sections are added by the stages that read them."""
 
     world: WorldParams = Field(default_factory=WorldParams)
+    agent: AgentParams = Field(default_factory=AgentParams)
+    mempo: MempoParams = Field(default_factory=MempoParams)
     eval: EvalParams = Field(default_factory=EvalParams)
     benchmarks: BenchmarksParams = Field(default_factory=BenchmarksParams)
     policy: PolicyParams = Field(default_factory=PolicyParams)
