@@ -1,0 +1,319 @@
+"""The async, engine-agnostic rollout loop: many episodes at once, one record per turn.
+
+A `TurnPolicy` answers one turn at a time; `GeneratorPolicy` wraps any `Generator`
+(transformers, an OpenAI-compatible server) and batches the turns of all episodes that
+are waiting into one `generate` call; the scripted teacher is another `TurnPolicy`.
+
+    policy = GeneratorPolicy(HFGenerator(model, tok), SamplingParams(max_new_tokens=256))
+    env = ToolEnv(retriever, tok, ToolConfig(topk=3))
+    episodes = run_episodes(items, policy, env, tok, context="memory", n_rollouts=4)
+    ep = episodes[0]
+    ep.turns[0].prompt_ids, ep.turns[0].response_ids, ep.turns[0].mem_mask, ep.final_answer
+
+Every turn record has its mem mask checked against the decoded span (`check_mem_mask`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from mempo.agent.context import ContextKind, FullContext, make_context
+from mempo.agent.format import (
+    SYSTEM_PROMPT,
+    ParsedTurn,
+    invalid_turn_observation,
+    parse_turn,
+    render_prompt,
+)
+from mempo.agent.generation import Generation, Generator, SamplingParams
+from mempo.agent.masks import check_mem_mask, span_token_mask, token_char_offsets
+from mempo.agent.tools import ArticleReader, ToolEnv
+from mempo.datasets import QAItem
+from mempo.tasks import objectives_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutConfig:
+    """Episode limits (from `params.yaml` `agent:`).
+
+    Attributes:
+        max_turns: turns before an episode is cut (`hit_turn_limit`).
+        max_prompt_tokens: a turn whose prompt is longer ends the episode
+            (`hit_context_limit`); 0 = no limit.
+        max_concurrent_episodes: episodes in flight at once.
+        check_masks: verify every mem mask against the decoded span (cheap; keep on).
+    """
+
+    max_turns: int = 8
+    max_prompt_tokens: int = 0
+    max_concurrent_episodes: int = 64
+    check_masks: bool = True
+
+
+@dataclass
+class TurnRequest:
+    """What a policy gets to answer one turn."""
+
+    episode_id: str
+    item: QAItem
+    turn_index: int
+    messages: list[dict[str, str]]
+    prompt_ids: list[int]
+    last_parsed: ParsedTurn | None
+    last_observation: str | None
+
+
+class TurnPolicy(Protocol):
+    """Answers one turn; implementations may batch concurrent calls."""
+
+    async def respond(self, request: TurnRequest) -> Generation:
+        ...
+
+
+@dataclass
+class TurnRecord:
+    """One turn of one episode, as the trainers consume it.
+
+    Attributes:
+        prompt_ids: the prompt's token ids, [prompt_length].
+        response_ids: generated token ids, [n].
+        response_mask: 1 for tokens the policy generated (all of `response_ids`), [n].
+        mem_mask: 1 for tokens inside this turn's `<mem>...</mem>`, [n].
+        memory: the `<mem>` text (None when the turn wrote none).
+        logprobs: sampling log-probs of `response_ids` when the engine gave them, [n].
+        observation: the environment's reply to this turn (None after an answer).
+    """
+
+    turn_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    mem_mask: list[int]
+    memory: str | None
+    prompt_length: int
+    response_text: str
+    action: str | None
+    argument: str | None
+    valid: bool
+    error: str
+    observation: str | None = None
+    short_observation: str | None = None
+    logprobs: list[float] | None = None
+
+
+@dataclass
+class Episode:
+    """One rollout of one task."""
+
+    episode_id: str
+    item_id: str
+    question: str
+    golden_answers: list[str]
+    objectives: list[list[str]]
+    context: ContextKind
+    turns: list[TurnRecord] = field(default_factory=list)
+    final_answer: str | None = None
+    hit_turn_limit: bool = False
+    hit_context_limit: bool = False
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def prompt_tokens(self) -> list[int]:
+        """Prompt length of each turn (tokens)."""
+        return [t.prompt_length for t in self.turns]
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(len(t.response_ids) for t in self.turns)
+
+    @property
+    def format_valid(self) -> bool:
+        """Every turn valid and the last one an answer."""
+        return bool(self.turns) and all(t.valid for t in self.turns) and self.turns[-1].action == "answer"
+
+    def outcome_reward(self, multi_rule: str = "all", format_rule: str = "strict", format_penalty: float = 0.0) -> float:
+        """R^T of this episode (see `mempo.rewards.outcome_reward`)."""
+        from mempo.rewards import outcome_reward
+
+        return outcome_reward(self.final_answer, self.golden_answers, self.format_valid, self.objectives,
+                              multi_rule=multi_rule, format_rule=format_rule,  # type: ignore[arg-type]
+                              format_penalty=format_penalty)
+
+    def summary(self) -> dict[str, Any]:
+        """Per-episode numbers: answer, turns, token counts, limits hit."""
+        return {
+            "episode_id": self.episode_id, "item_id": self.item_id, "context": self.context,
+            "final_answer": self.final_answer, "num_turns": self.num_turns,
+            "prompt_tokens": self.prompt_tokens, "peak_prompt_tokens": max(self.prompt_tokens, default=0),
+            "response_tokens": self.response_tokens, "format_valid": self.format_valid,
+            "hit_turn_limit": self.hit_turn_limit, "hit_context_limit": self.hit_context_limit,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(self.summary())
+        return d
+
+
+def full_context_messages(episode: Episode, turn_index: int, system_prompt: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
+    """The full-history messages the policy would see at `turn_index` of `episode`
+    (for the memory reward's eps="full_context")."""
+    ctx = FullContext(episode.question, system_prompt)
+    for t in episode.turns[:turn_index]:
+        ctx.record_turn(t.response_text, parse_turn(t.response_text), t.observation, t.short_observation)
+    return ctx.messages()
+
+
+class GeneratorPolicy:
+    """A `TurnPolicy` over a `Generator`: concurrent turns are batched into one call.
+
+    The generator runs in a worker thread, so tool calls of other episodes proceed while
+    it generates; requests that arrive meanwhile form the next batch.
+    """
+
+    def __init__(self, generator: Generator, sampling: SamplingParams, max_batch: int = 64) -> None:
+        self.generator = generator
+        self.sampling = sampling
+        self.max_batch = max_batch
+        self._pending: list[tuple[list[int], asyncio.Future[Generation]]] = []
+        self._worker: asyncio.Task[None] | None = None
+
+    async def respond(self, request: TurnRequest) -> Generation:
+        fut: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
+        self._pending.append((request.prompt_ids, fut))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        while self._pending:
+            await asyncio.sleep(0)  # let every episode that is ready enqueue its turn
+            batch = self._pending[: self.max_batch]
+            del self._pending[: len(batch)]
+            try:
+                gens = await asyncio.to_thread(self.generator.generate, [p for p, _ in batch], self.sampling)
+            except Exception as e:  # noqa: BLE001 - hand the error to every waiting episode
+                for _, f in batch:
+                    if not f.done():
+                        f.set_exception(e)
+                continue
+            for (_, f), g in zip(batch, gens, strict=True):
+                if not f.done():
+                    f.set_result(g)
+
+
+def _objective_answers(item: QAItem) -> list[list[str]]:
+    return [list(o["golden_answers"]) for o in objectives_of(item)]
+
+
+async def run_episode(
+    item: QAItem,
+    policy: TurnPolicy,
+    env: ToolEnv,
+    tokenizer: Any,
+    context: ContextKind = "memory",
+    config: RolloutConfig | None = None,
+    episode_id: str | None = None,
+    system_prompt: str = SYSTEM_PROMPT,
+) -> Episode:
+    """Run one episode to an answer or a limit; returns its turn records."""
+    cfg = config or RolloutConfig()
+    ep = Episode(
+        episode_id=episode_id or item.id, item_id=item.id, question=item.question,
+        golden_answers=list(item.golden_answers), objectives=_objective_answers(item), context=context,
+    )
+    ctx = make_context(context, item.question, system_prompt)
+    reader = ArticleReader()
+    last_parsed: ParsedTurn | None = None
+    last_obs: str | None = None
+    for t in range(cfg.max_turns):
+        msgs = ctx.messages()
+        prompt_ids = tokenizer.encode(render_prompt(tokenizer, msgs), add_special_tokens=False)
+        if cfg.max_prompt_tokens and len(prompt_ids) > cfg.max_prompt_tokens:
+            ep.hit_context_limit = True
+            break
+        gen = await policy.respond(TurnRequest(ep.episode_id, item, t, msgs, prompt_ids, last_parsed, last_obs))
+        ids = list(gen.token_ids)
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        parsed = parse_turn(text)
+        mem_mask = span_token_mask(ids, tokenizer, parsed.mem_span, token_char_offsets(ids, tokenizer))
+        if cfg.check_masks:
+            check_mem_mask(ids, tokenizer, mem_mask, parsed.mem)
+        obs: str | None = None
+        short: str | None = None
+        if parsed.action == "answer":
+            ep.final_answer = parsed.argument
+        elif not parsed.valid:
+            obs = invalid_turn_observation(parsed.error)
+        elif parsed.action == "search":
+            obs = await env.search(parsed.argument or "")
+        elif parsed.action == "access":
+            obs, short = await env.access(parsed.argument or "", reader)
+        ep.turns.append(TurnRecord(
+            turn_index=t, prompt_ids=prompt_ids, response_ids=ids, response_mask=[1] * len(ids),
+            mem_mask=mem_mask, memory=parsed.mem, prompt_length=len(prompt_ids), response_text=text,
+            action=parsed.action, argument=parsed.argument, valid=parsed.valid, error=parsed.error,
+            observation=obs, short_observation=short, logprobs=gen.logprobs,
+        ))
+        if parsed.action == "answer":
+            break
+        ctx.record_turn(text, parsed, obs, short)
+        last_parsed, last_obs = parsed, obs
+    else:
+        ep.hit_turn_limit = True
+    return ep
+
+
+async def arun_episodes(
+    items: Sequence[QAItem],
+    policy: TurnPolicy,
+    env: ToolEnv,
+    tokenizer: Any,
+    context: ContextKind = "memory",
+    config: RolloutConfig | None = None,
+    n_rollouts: int = 1,
+    system_prompt: str = SYSTEM_PROMPT,
+    on_episode: Callable[[Episode], None] | None = None,
+    progress: bool = True,
+) -> list[Episode]:
+    """Run `n_rollouts` episodes per item concurrently; results in (item, rollout) order.
+
+    Episode ids are `f"{item.id}#{r}"`; the group of an episode (for GRPO) is its item id.
+    """
+    cfg = config or RolloutConfig()
+    sem = asyncio.Semaphore(max(1, cfg.max_concurrent_episodes))
+    jobs = [(item, r) for item in items for r in range(n_rollouts)]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs), desc=f"rollouts ({context})", unit="ep", leave=False)
+
+    async def one(item: QAItem, r: int) -> Episode:
+        async with sem:
+            ep = await run_episode(item, policy, env, tokenizer, context, cfg, f"{item.id}#{r}", system_prompt)
+        if bar is not None:
+            bar.update(1)
+        if on_episode is not None:
+            on_episode(ep)
+        return ep
+
+    try:
+        return list(await asyncio.gather(*(one(i, r) for i, r in jobs)))
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def run_episodes(*args: Any, **kwargs: Any) -> list[Episode]:
+    """Synchronous `arun_episodes` (starts its own event loop)."""
+    return asyncio.run(arun_episodes(*args, **kwargs))

@@ -1,0 +1,177 @@
+"""The scripted teacher: a `TurnPolicy` that solves knowledge-world tasks with real searches.
+
+For each objective of a task (one for a plain question; k for a task from
+`mempo.tasks.compose_multi_objective`) it walks `metadata.chain` hop by hop: it searches
+for the hop's entity and relation through the retriever (a real `<search>`), checks that
+the hop's value is in the returned passages, and falls back to `<access>` of the entity's
+article when the search missed it. Its memory keeps exactly what it has found: the facts of
+the objective in progress, and for each finished objective its answer (a finished
+objective's intermediate facts are no longer useful, so they are compressed away). When
+every hop is found it answers `a1; a2; ...`; a hop it cannot find is answered "unknown",
+so such trajectories score 0 and the SFT stage's correctness filter drops them.
+
+    teacher = ScriptedTeacher(tokenizer)
+    episodes = run_episodes(items, teacher, ToolEnv(retriever, tokenizer), tokenizer)
+
+Works for any `TurnPolicy` consumer (the rollout loop, the SFT trajectory writer, the
+context benchmark). It reads only the environment's observations, never the corpus.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mempo.agent.format import ANSWER_SEP
+from mempo.agent.generation import Generation
+from mempo.agent.rollout import TurnRequest
+from mempo.datasets import QAItem
+from mempo.rewards import normalize_answer
+
+# How a hop is phrased as a fact and as a search query.
+_FACT = {
+    "born_in": "{e} was born in {v}.",
+    "birth_year": "{e} was born in {v}.",
+    "works_for": "{e} works for {v}.",
+    "founded_by": "{e} was founded by {v}.",
+    "mayor": "The mayor of {e} is {v}.",
+    "country": "{e} is in {v}.",
+    "headquarters": "{e} is headquartered in {v}.",
+    "author": "{e} was written by {v}.",
+}
+_QUERY = {
+    "born_in": "{e} born in city",
+    "birth_year": "{e} born year",
+    "works_for": "{e} works for company",
+    "founded_by": "{e} founded by",
+    "mayor": "{e} mayor",
+    "country": "{e} country",
+    "headquarters": "{e} headquarters",
+    "author": "{e} author",
+}
+# What the teacher says it is looking for, in its <think>.
+_WANT = {
+    "born_in": "the birth city", "birth_year": "the birth year", "works_for": "the employer",
+    "founded_by": "the founder", "mayor": "the mayor", "country": "the country",
+    "headquarters": "the headquarters city", "author": "the author",
+}
+NO_FACTS_YET = "Nothing found yet."
+UNKNOWN_ANSWER = "unknown"
+
+
+@dataclass
+class _Hop:
+    objective: int
+    entity: str
+    relation: str
+    value: str
+
+
+@dataclass
+class _Plan:
+    hops: list[_Hop]
+    answers: list[str]
+    cursor: int = 0
+    tried_access: bool = False
+    found: list[bool] = field(default_factory=list)
+    pending: bool = False  # an action for hops[cursor] is out; its observation comes next
+
+
+def _objectives(item: QAItem) -> list[tuple[list[dict[str, str]], str]]:
+    """(chain, first gold answer) per objective."""
+    meta = item.metadata or {}
+    objs = meta.get("objectives")
+    if objs:
+        return [((o.get("metadata") or {}).get("chain") or [], o["golden_answers"][0]) for o in objs]
+    return [(meta.get("chain") or [], item.golden_answers[0])]
+
+
+def _want(hop: _Hop) -> str:
+    return _WANT.get(hop.relation, "the " + hop.relation.replace("_", " "))
+
+
+def _fact(hop: _Hop) -> str:
+    return _FACT.get(hop.relation, "{e}: " + hop.relation.replace("_", " ") + " is {v}.").format(e=hop.entity, v=hop.value)
+
+
+class ScriptedTeacher:
+    """A scripted `TurnPolicy` for knowledge-world tasks (see the module docstring).
+
+    Args:
+        tokenizer: the policy tokenizer; responses are tokenised with it so the rollout's
+            token records and masks are real.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._plans: dict[str, _Plan] = {}
+
+    def _plan(self, item: QAItem) -> _Plan:
+        hops: list[_Hop] = []
+        answers: list[str] = []
+        for i, (chain, answer) in enumerate(_objectives(item)):
+            if not chain:
+                raise ValueError(f"task {item.id}: objective {i} has no metadata.chain (not a knowledge-world task)")
+            hops.extend(_Hop(i, h["entity"], h["relation"], str(h["value"])) for h in chain)
+            answers.append(answer)
+        return _Plan(hops, answers, found=[False] * len(hops))
+
+    def memory_text(self, plan: _Plan) -> str:
+        """The memory after the hops before `plan.cursor`: answers of finished objectives,
+        facts of the objective in progress."""
+        k = len(plan.answers)
+        current = plan.hops[plan.cursor].objective if plan.cursor < len(plan.hops) else k
+        parts: list[str] = []
+        for i in range(min(current, k)):
+            hops_i = [j for j, h in enumerate(plan.hops) if h.objective == i]
+            ans = plan.answers[i] if all(plan.found[j] for j in hops_i) else UNKNOWN_ANSWER
+            parts.append(f"Answer {i + 1}: {ans}." if k > 1 else f"Answer: {ans}.")
+        for j, h in enumerate(plan.hops[:plan.cursor]):
+            if h.objective == current and plan.found[j]:
+                parts.append(_fact(h))
+        return " ".join(parts) or NO_FACTS_YET
+
+    def _final_answer(self, plan: _Plan) -> str:
+        out = []
+        for i, ans in enumerate(plan.answers):
+            hops_i = [j for j, h in enumerate(plan.hops) if h.objective == i]
+            out.append(ans if all(plan.found[j] for j in hops_i) else UNKNOWN_ANSWER)
+        return f"{ANSWER_SEP} ".join(out)
+
+    def next_turn_text(self, request: TurnRequest) -> str:
+        """The teacher's response text for this turn (updates its per-episode plan)."""
+        plan = self._plans.get(request.episode_id)
+        if plan is None or request.turn_index == 0:
+            plan = self._plans[request.episode_id] = self._plan(request.item)
+        if plan.pending:
+            plan.pending = False
+            hop = plan.hops[plan.cursor]
+            obs = normalize_answer(request.last_observation or "")
+            if f" {normalize_answer(hop.value)} " in f" {obs} ":
+                plan.found[plan.cursor] = True
+                plan.cursor += 1
+                plan.tried_access = False
+            elif not plan.tried_access:
+                plan.tried_access = True
+                plan.pending = True
+                mem = self.memory_text(plan)
+                return (f"<mem> {mem} </mem> <think> The search did not show {_want(hop)} "
+                        f"of {hop.entity}; I will read its article. </think> <access> {hop.entity} </access>")
+            else:
+                plan.cursor += 1  # give up this hop; its objective will be answered "unknown"
+                plan.tried_access = False
+        mem = self.memory_text(plan)
+        if plan.cursor >= len(plan.hops):
+            self._plans.pop(request.episode_id, None)
+            return (f"<mem> {mem} </mem> <think> I have what I need to answer. </think> "
+                    f"<answer> {self._final_answer(plan)} </answer>")
+        hop = plan.hops[plan.cursor]
+        plan.pending = True
+        query = _QUERY.get(hop.relation, "{e} " + hop.relation.replace("_", " ")).format(e=hop.entity)
+        return (f"<mem> {mem} </mem> <think> Next I need {_want(hop)} of "
+                f"{hop.entity}. </think> <search> {query} </search>")
+
+    async def respond(self, request: TurnRequest) -> Generation:
+        text = self.next_turn_text(request)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return Generation(text=self.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids, logprobs=None)
