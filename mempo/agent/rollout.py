@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from mempo.agent.context import ContextKind, FullContext, make_context
+from mempo.agent.context import ContextBuilder, ContextKind, FullContext, make_context
 from mempo.agent.format import (
     SYSTEM_PROMPT,
     ParsedTurn,
@@ -36,6 +36,10 @@ from mempo.datasets import QAItem
 from mempo.tasks import objectives_of
 
 log = logging.getLogger(__name__)
+
+# A custom context builder, `(question, system_prompt) -> ContextBuilder` (e.g. the
+# evaluation's external-memory baseline), accepted wherever a ContextKind is.
+ContextFactory = Callable[[str, str], ContextBuilder]
 
 
 @dataclass
@@ -220,18 +224,19 @@ async def run_episode(
     policy: TurnPolicy,
     env: ToolEnv,
     tokenizer: Any,
-    context: ContextKind = "memory",
+    context: ContextKind | ContextFactory = "memory",
     config: RolloutConfig | None = None,
     episode_id: str | None = None,
     system_prompt: str = SYSTEM_PROMPT,
 ) -> Episode:
     """Run one episode to an answer or a limit; returns its turn records."""
     cfg = config or RolloutConfig()
+    ctx = (make_context(context, item.question, system_prompt) if isinstance(context, str)
+           else context(item.question, system_prompt))
     ep = Episode(
         episode_id=episode_id or item.id, item_id=item.id, question=item.question,
-        golden_answers=list(item.golden_answers), objectives=_objective_answers(item), context=context,
+        golden_answers=list(item.golden_answers), objectives=_objective_answers(item), context=ctx.kind,
     )
-    ctx = make_context(context, item.question, system_prompt)
     reader = ArticleReader()
     last_parsed: ParsedTurn | None = None
     last_obs: str | None = None
@@ -278,7 +283,7 @@ async def arun_episodes(
     policy: TurnPolicy,
     env: ToolEnv,
     tokenizer: Any,
-    context: ContextKind = "memory",
+    context: ContextKind | ContextFactory = "memory",
     config: RolloutConfig | None = None,
     n_rollouts: int = 1,
     system_prompt: str = SYSTEM_PROMPT,
@@ -296,7 +301,7 @@ async def arun_episodes(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(jobs), desc=f"rollouts ({context})", unit="ep", leave=False)
+        bar = tqdm(total=len(jobs), desc=f"rollouts ({getattr(context, '__name__', context)})", unit="ep", leave=False)
 
     async def one(item: QAItem, r: int) -> Episode:
         async with sem:
