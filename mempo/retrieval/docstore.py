@@ -83,20 +83,30 @@ class DocStore:
 
     def save(self, folder: str | Path) -> None:
         """Write docs.jsonl, doc_offsets.npy and doc_keys.json into `folder`."""
+        DocStore.write((self.passage(r) for r in range(len(self))), folder)
+
+    @staticmethod
+    def write(passages: Iterable[Passage], folder: str | Path) -> int:
+        """Stream `passages` into `folder` (docs.jsonl, offsets, keys) without holding their
+        texts in memory. Returns the passage count."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        offsets = np.zeros(len(self) + 1, dtype=np.int64)
+        ids: list[str] = []
+        titles: list[str] = []
+        offsets = [0]
         with atomic_path(folder / DOCS_FILE) as tmp, open(tmp, "wb") as fh:
-            pos = 0
-            for row in range(len(self)):
-                line = (json.dumps({"id": self.ids[row], "contents": self.contents(row)},
-                                   ensure_ascii=False) + "\n").encode("utf-8")
+            for p in passages:
+                line = (json.dumps(p.to_dict(), ensure_ascii=False) + "\n").encode("utf-8")
                 fh.write(line)
-                pos += len(line)
-                offsets[row + 1] = pos
+                offsets.append(offsets[-1] + len(line))
+                ids.append(p.id)
+                titles.append(p.title)
+        if not ids:
+            raise DataError("corpus has no passages")
         with atomic_path(folder / OFFSETS_FILE) as tmp, open(tmp, "wb") as fh:
-            np.save(fh, offsets)
-        write_json(folder / KEYS_FILE, {"ids": self.ids, "titles": self.titles}, indent=None)
+            np.save(fh, np.asarray(offsets, dtype=np.int64))
+        write_json(folder / KEYS_FILE, {"ids": ids, "titles": titles}, indent=None)
+        return len(ids)
 
     @classmethod
     def load(cls, folder: str | Path) -> DocStore:
