@@ -1,0 +1,98 @@
+"""Rewards: the one answer normaliser, EM / substring / F1, multi-objective scoring, R^T and
+verl's compute_score, with worked examples."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mempo.rewards import (
+    answer_correctness,
+    compute_score,
+    episode_format_valid,
+    exact_match,
+    multi_objective_scores,
+    normalize_answer,
+    objective_answers,
+    outcome_reward,
+    substring_match,
+    token_f1,
+)
+
+
+@pytest.mark.parametrize("raw, norm", [
+    ("The  Eiffel-Tower!", "eiffel tower"),
+    ("  An apple a day ", "apple day"),
+    ("Thebes", "thebes"),  # "the" only as a whole word
+    ("1,337,000", "1 337 000"),
+    ("", ""),
+])
+def test_normalize_answer(raw, norm):
+    assert normalize_answer(raw) == norm
+
+
+def test_exact_substring_and_f1():
+    assert exact_match("the Eiffel Tower", ["Louvre", "Eiffel Tower"]) == 1.0
+    assert exact_match("Eiffel", ["Eiffel Tower"]) == 0.0
+    assert exact_match(None, ["x"]) == 0.0
+    assert substring_match("It is the Eiffel Tower.", ["eiffel tower"]) == 1.0
+    assert substring_match("Eiffel Towers", ["eiffel tower"]) == 0.0  # word-aligned
+    # "Eiffel Tower Paris" vs "Eiffel Tower": P = 2/3, R = 1 -> F1 = 0.8
+    assert token_f1("Eiffel Tower Paris", ["Eiffel Tower"]) == pytest.approx(0.8)
+    assert token_f1("London", ["Eiffel Tower", "London"]) == 1.0
+    assert token_f1("", ["x"]) == 0.0
+
+
+def test_multi_objective_scores():
+    s = multi_objective_scores("Paris; 1900", ["Paris", ["1901", "1900"]])
+    assert (s.per_objective, s.mean, s.all_correct) == ([1.0, 1.0], 1.0, 1.0)
+    s = multi_objective_scores("Paris; 1899; extra", ["Paris", "1900", "Rome"])
+    assert s.per_objective == [1.0, 0.0, 0.0]
+    assert s.mean == pytest.approx(1 / 3)
+    assert (s.score("all"), s.score("any")) == (0.0, 1.0)
+    assert multi_objective_scores(None, ["a"]).per_objective == [0.0]
+
+
+def test_objective_answers_and_correctness_rules():
+    assert objective_answers(["a; b"]) == [["a"], ["b"]]
+    meta = {"metadata": {"objectives": [{"golden_answers": ["x", "ex"]}, {"golden_answers": ["y"]}]}}
+    assert objective_answers(["x; y"], meta) == [["x", "ex"], ["y"]]
+    assert answer_correctness("ex; nope", ["x; y"], [["x", "ex"], ["y"]], multi_rule="mean") == 0.5
+    assert answer_correctness("ex; nope", ["x; y"], [["x", "ex"], ["y"]], multi_rule="all") == 0.0
+    assert answer_correctness("ex; y", ["x; y"], [["x", "ex"], ["y"]]) == 1.0
+
+
+def test_outcome_reward_format_rules():
+    # correct but an invalid turn: strict -> 0, penalty 0.2 -> 0.8, ignore -> 1
+    assert outcome_reward("Paris", ["Paris"], format_valid=True) == 1.0
+    assert outcome_reward("Paris", ["Paris"], format_valid=False) == 0.0
+    assert outcome_reward("Paris", ["Paris"], False, format_rule="penalty", format_penalty=0.2) == pytest.approx(0.8)
+    assert outcome_reward("Rome", ["Paris"], False, format_rule="penalty", format_penalty=0.2) == pytest.approx(-0.2)
+    assert outcome_reward("Paris", ["Paris"], False, format_rule="ignore") == 1.0
+    assert outcome_reward("Rome", ["Paris"], True) == 0.0
+
+
+def test_episode_format_and_compute_score():
+    good = ["<mem> m </mem> <think> t </think> <search> q </search>", "<mem> m2 </mem> <answer> Paris </answer>"]
+    assert episode_format_valid(good)
+    assert not episode_format_valid(good[:1])  # never answered
+    assert not episode_format_valid(["<search> q </search>", good[1]])  # first turn has no memory
+    trajectory = good[0] + " <information> Doc 1(Title: P) Paris is ... </information> " + good[1]
+    assert compute_score("world", trajectory, ["Paris"]) == 1.0
+    assert compute_score("world", trajectory, {"target": ["Rome"]}) == 0.0
+    assert compute_score("world", "<answer> Paris </answer>", ["Paris"]) == 0.0  # no memory: invalid
+    assert compute_score("world", "<answer> Paris </answer>", ["Paris"], format_rule="ignore") == 1.0
+    multi = "<mem> a </mem> <answer> Paris; 1900 </answer>"
+    assert compute_score("world", multi, ["Paris; 1900"]) == 1.0
+    assert compute_score("world", "<mem> a </mem> <answer> Paris; 1901 </answer>", ["Paris; 1900"],
+                         multi_rule="mean") == 0.5
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.lists(st.text(min_size=1), min_size=1, max_size=3))
+def test_scores_are_bounded_and_compute_score_never_raises(text, golds):
+    for f in (exact_match, substring_match, token_f1):
+        assert 0.0 <= f(text, golds) <= 1.0
+    assert compute_score("x", text, golds) in (0.0, 1.0)
+    assert exact_match(text, [text]) == 1.0
