@@ -211,6 +211,36 @@ class MempoParams(Section):
     probe_batch_size: int = Field(16, ge=1)
 
 
+class RegisterParams(Section):
+    """`mempo register`: the trained policy as an MLflow model version with its evidence."""
+
+    model_name: str = Field("mempo-agent", min_length=1)
+    model_dir: str = "outputs/train/model"
+    metrics: str = "outputs/eval/metrics.json"
+    # Inputs whose versions (DVC md5 or sha256) become `data.<name>.*` version tags.
+    data: dict[str, str] = Field(
+        default_factory=lambda: {"world": "outputs/world", "train_data": "outputs/data"}
+    )
+    out: str = "outputs/register"
+
+
+class PromoteParams(Section):
+    """`mempo promote`: the gate `@challenger` must pass to become `@champion`."""
+
+    primary_metric: str = "memory/world/em"
+    min_gain: float = 0.0
+    tolerance: float = Field(0.02, ge=0.0)
+    guard_metrics: list[str] = Field(default_factory=lambda: ["memory/*/em", "memory/*/f1"])
+    lower_is_better: list[str] = Field(
+        default_factory=lambda: ["*tokens*", "*latency*", "*turns*", "*searches*"]
+    )
+    required_benchmarks: list[str] = Field(default_factory=lambda: ["world"])
+    benchmark_metric: str = "memory/{benchmark}/em"
+    floors: dict[str, float] = Field(default_factory=dict)
+    lock_wait_s: float = Field(120.0, gt=0.0)
+    out: str = "outputs/promote"
+
+
 class Params(Section):
     """All of params.yaml. Sections are added by the stages that read them."""
 
@@ -223,6 +253,9 @@ class Params(Section):
     data: DataParams = Field(default_factory=DataParams)
     # `validate` would shadow pydantic's BaseModel.validate; params.yaml still says `validate:`.
     validation: ValidateParams = Field(default_factory=ValidateParams, alias="validate")
+    # `register` would shadow ABCMeta.register; params.yaml still says `register:`.
+    registration: RegisterParams = Field(default_factory=RegisterParams, alias="register")
+    promote: PromoteParams = Field(default_factory=PromoteParams)
 
 
 def _loc(err: dict[str, Any]) -> str:
