@@ -29,6 +29,8 @@ COMMAND_MODULES = [
     "mempo.commands.pipeline",
     "mempo.commands.policy",
     "mempo.commands.registry",
+    "mempo.commands.data",
+    "mempo.commands.validate",
 ]
 
 
