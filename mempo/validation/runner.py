@@ -167,7 +167,7 @@ def _context(docs_dir: Path | None) -> Any:
         return ctx
     ctx.add_data_docs_site(site_name="mempo", site_config={
         "class_name": "SiteBuilder",
-        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(Path(docs_dir).resolve())},
         "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
     })
     return ctx
