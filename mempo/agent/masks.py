@@ -22,7 +22,8 @@ def token_char_offsets(token_ids: Sequence[int], tokenizer: Any) -> list[tuple[i
     Fast path: decode each token alone and add up lengths when that reproduces the full
     decoding. Otherwise (byte-level pieces of a multi-byte character, tokenizers that
     clean up spaces) decode growing prefixes, so a token's span is what it adds to the
-    prefix text. Special tokens get an empty span.
+    prefix text; a token ending inside a multi-byte character also covers that character
+    (spans of neighbours may then overlap by one). Special tokens get an empty span.
     """
     ids = list(token_ids)
     full = tokenizer.decode(ids, skip_special_tokens=True)
@@ -33,12 +34,20 @@ def token_char_offsets(token_ids: Sequence[int], tokenizer: Any) -> list[tuple[i
             out.append((pos, pos + len(p)))
             pos += len(p)
         return out
+    # Slow path: a token's span is what it adds to the part of the prefix decoding that
+    # agrees with the full decoding. A token that ends inside a multi-byte character (its
+    # prefix decodes to a trailing U+FFFD) also covers that next character, so a mask over
+    # the character includes every token holding one of its bytes.
     out, prev = [], 0
     for k in range(1, len(ids) + 1):
-        cur = len(tokenizer.decode(ids[:k], skip_special_tokens=True))
-        cur = max(cur, prev)
-        out.append((prev, cur))
-        prev = cur
+        dec = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        c = prev
+        limit = min(len(dec), len(full))
+        while c < limit and dec[c] == full[c]:
+            c += 1
+        partial = len(dec) > c and c < len(full)
+        out.append((prev, c + 1 if partial else c))
+        prev = c
     return out
 
 
