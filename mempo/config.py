@@ -241,6 +241,19 @@ class PromoteParams(Section):
     out: str = "outputs/promote"
 
 
+class PipelineParams(Section):
+    """`mempo pipeline run` (`make run`): the local orchestration around `dvc repro`."""
+
+    experiment: str = "mempo"
+    serve_retriever: bool = True
+    retriever_stages: list[str] = Field(default_factory=lambda: ["train", "eval"])
+    index_stage: str = "index"
+    index_dir: str = "outputs/index"
+    retriever_host: str = "127.0.0.1"
+    retriever_start_timeout_s: float = Field(300.0, gt=0.0)
+    promote: bool = True
+
+
 class Params(Section):
     """All of params.yaml. Sections are added by the stages that read them."""
 
@@ -256,6 +269,7 @@ class Params(Section):
     # `register` would shadow ABCMeta.register; params.yaml still says `register:`.
     registration: RegisterParams = Field(default_factory=RegisterParams, alias="register")
     promote: PromoteParams = Field(default_factory=PromoteParams)
+    pipeline: PipelineParams = Field(default_factory=PipelineParams)
 
 
 def _loc(err: dict[str, Any]) -> str:

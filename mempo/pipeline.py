@@ -1,28 +1,55 @@
-"""The local end-to-end run behind `make run`: `dvc repro`, then a summary of where things are.
+"""The local end-to-end run behind `make run`: `dvc repro` under one MLflow parent run,
+with the retrieval service up for the stages that need it, then the promotion gate and a
+summary of where everything is.
 
     mempo pipeline run            # what `make run` calls
     mempo pipeline run --force    # re-run every stage
+    mempo pipeline run eval       # only up to the eval stage
 
-DVC decides what is stale; this module only runs it with the project venv on PATH and
-prints where each stage's output went.
+What happens, in order:
+
+1. `dvc status` says which stages are stale (nothing stale: a no-op, like `dvc repro`).
+2. One MLflow parent run opens; its id goes to the stages as `MEMPO_PARENT_RUN_ID`, so
+   each stage's own run nests under it (see `mempo.tracking`).
+3. If a stale stage is one of `pipeline.retriever_stages`, the index stage is reproduced
+   first, `mempo serve retriever` starts on a free loopback port, and its URL is exported
+   as `MEMPO_RETRIEVER_URL` (dvc.yaml passes it to those stages with a fallback to the
+   in-process index). It is stopped afterwards, also when a stage fails.
+4. `dvc repro` runs the rest; DVC decides what is stale.
+5. `mempo promote` gates the newest registered version (`pipeline.promote: true`);
+   promotion reads the live registry, so it is not a DVC stage (it would never be cached).
+6. dvc.lock is logged to the parent run, and the summary is printed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from mempo.errors import MempoError
 
+ENV_RETRIEVER_URL = "MEMPO_RETRIEVER_URL"
+
+
+def _bin_dir() -> Path:
+    return Path(sys.executable).parent
+
 
 def _dvc() -> str:
-    exe = Path(sys.executable).parent / "dvc"
+    exe = _bin_dir() / "dvc"
     if exe.exists():
         return str(exe)
     found = shutil.which("dvc")
@@ -31,31 +58,227 @@ def _dvc() -> str:
     return found
 
 
-def run_pipeline(root: str | Path = ".", force: bool = False, targets: list[str] | None = None) -> float:
-    """Run `dvc repro` in `root` with this interpreter's bin folder first on PATH.
-
-    Returns the wall time in seconds. Raises `MempoError` if a stage fails.
-    """
-    root = Path(root)
+def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [_dvc(), "repro", *(["--force"] if force else []), *(targets or [])]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=root, env=env)
-    elapsed = time.perf_counter() - t0
+    env["PATH"] = f"{_bin_dir()}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("DVC_NO_ANALYTICS", "1")
+    return env
+
+
+def stale_stages(root: str | Path = ".", targets: list[str] | None = None) -> list[str]:
+    """Names of the stages `dvc repro` would run (changed ones; downstream ones follow them)."""
+    proc = subprocess.run(
+        [_dvc(), "status", "--json", *(targets or [])],
+        cwd=root, env=_env(), capture_output=True, text=True,
+    )
     if proc.returncode != 0:
-        raise MempoError(f"`{' '.join(cmd[1:])}` failed (exit {proc.returncode}); see the stage output above")
-    return elapsed
+        raise MempoError(f"`dvc status` failed: {proc.stderr.strip()[-500:]}")
+    status = json.loads(proc.stdout or "{}")
+    # Keys are stage names, or "dvc.yaml:name" for stages outside the root dvc.yaml.
+    return [k.split(":")[-1] for k in status]
 
 
-def summarize(root: str | Path = ".") -> list[str]:
-    """Lines saying where each declared stage output is."""
+def downstream_of(stages: dict[str, Any], changed: list[str]) -> set[str]:
+    """`changed` plus every stage that (transitively) depends on one of their outs."""
+    outs_of = {
+        name: [o if isinstance(o, str) else next(iter(o)) for o in s.get("outs", []) + s.get("metrics", [])]
+        for name, s in stages.items()
+    }
+    deps_of = {name: [d if isinstance(d, str) else next(iter(d)) for d in s.get("deps", [])] for name, s in stages.items()}
+
+    def feeds(src: str, dst: str) -> bool:
+        return any(
+            d == o or d.startswith(o.rstrip("/") + "/") or o.startswith(d.rstrip("/") + "/")
+            for o in outs_of[src] for d in deps_of[dst]
+        )
+
+    out = set(changed)
+    grew = True
+    while grew:
+        grew = False
+        for name in stages:
+            if name not in out and any(feeds(src, name) for src in out if src in stages):
+                out.add(name)
+                grew = True
+    return out
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def retrieval_service(
+    index_dir: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    start_timeout_s: float = 300.0,
+    extra_args: list[str] | None = None,
+    log_path: str | Path | None = None,
+) -> Iterator[str]:
+    """Run `mempo serve retriever --index DIR` on a loopback port; yield its base URL.
+
+    Waits until `GET /health` answers 200 (raises `MempoError` if the process exits or
+    `start_timeout_s` seconds pass). Always stops the server on exit: SIGTERM (the server
+    drains in-flight requests), then SIGKILL after 30 s.
+    """
+    import httpx
+
+    index_dir = Path(index_dir)
+    if not index_dir.exists():
+        raise MempoError("retrieval index not found (run the index stage first)", path=index_dir)
+    port = port or _free_port(host)
+    url = f"http://{host}:{port}"
+    cmd = [str(_bin_dir() / "mempo"), "serve", "retriever", "--index", str(index_dir),
+           "--host", host, "--port", str(port), *(extra_args or [])]
+    log_fh = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, env=_env(), stdout=log_fh, stderr=subprocess.STDOUT if log_path else None,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise MempoError(f"the retrieval service exited with code {proc.returncode} while starting "
+                                 f"({' '.join(cmd[1:])})")
+            try:
+                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise MempoError(f"the retrieval service at {url} was not healthy after {start_timeout_s:.0f} s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        if log_path:
+            log_fh.close()  # type: ignore[union-attr]
+
+
+@dataclass
+class PipelineResult:
+    """What one `run_pipeline` did."""
+
+    seconds: float
+    ran: list[str]
+    parent_run_id: str | None
+    retriever_url: str | None = None
+    promotion: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _repro(root: Path, force: bool, targets: list[str] | None, extra_env: dict[str, str]) -> None:
+    cmd = [_dvc(), "repro", *(["--force"] if force else []), *(targets or [])]
+    proc = subprocess.run(cmd, cwd=root, env={**_env(), **extra_env})
+    if proc.returncode != 0:
+        raise MempoError(f"`dvc {' '.join(cmd[1:])}` failed (exit {proc.returncode}); see the stage output above")
+
+
+def run_pipeline(
+    root: str | Path = ".",
+    force: bool = False,
+    targets: list[str] | None = None,
+    *,
+    promote: bool | None = None,
+) -> PipelineResult:
+    """Reproduce the DVC pipeline in `root` under an MLflow parent run, then gate promotion.
+
+    `promote` overrides `pipeline.promote`. Returns what ran and where. Raises
+    `MempoError` if a stage fails (the parent run then ends FAILED and the retrieval
+    service is stopped).
+    """
+    from mempo.config import load_params
+    from mempo.tracking import pipeline_run, tracking_uri
+
+    root = Path(root).resolve()
+    params = load_params(root / "params.yaml")
+    pp = params.pipeline
+    stages = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages", {})
+    t0 = time.perf_counter()
+    stale = list(stages) if force else stale_stages(root, targets)
+    will_run = sorted(downstream_of(stages, stale)) if stale else []
+    result = PipelineResult(0.0, will_run, None)
+    env_before = os.environ.get("MEMPO_PROJECT_ROOT")
+    os.environ["MEMPO_PROJECT_ROOT"] = str(root)
+    try:
+        with pipeline_run("pipeline", params=None, experiment=pp.experiment,
+                          tags={"mempo.stages_to_run": ",".join(will_run) or "none",
+                                "mempo.force": str(force).lower()}) as parent_id:
+            result.parent_run_id = parent_id
+            need_retriever = pp.serve_retriever and any(s in will_run for s in pp.retriever_stages)
+            if need_retriever and pp.index_stage in stages:
+                _repro(root, force, [pp.index_stage], {})
+                with retrieval_service(root / pp.index_dir, host=pp.retriever_host,
+                                       start_timeout_s=pp.retriever_start_timeout_s,
+                                       log_path=root / "outputs" / "retriever.log") as url:
+                    result.retriever_url = url
+                    _repro(root, False, targets, {ENV_RETRIEVER_URL: url})
+            else:
+                _repro(root, force, targets, {})
+            do_promote = pp.promote if promote is None else promote
+            registered = root / params.registration.out / "registered.json"
+            if do_promote and registered.exists() and (not targets or "register" in targets):
+                from mempo.registry import gate_from_params
+                from mempo.registry import promote as promote_version
+
+                reg = json.loads(registered.read_text())
+                decision = promote_version(
+                    reg["name"], gate_from_params(params.promote), version=reg["version"],
+                    out=root / params.promote.out / "decision.json", lock_wait_s=params.promote.lock_wait_s,
+                )
+                result.promotion = {"promoted": decision.promoted, "summary": decision.summary(),
+                                    "already_champion": decision.already_champion}
+            if parent_id is not None and (root / "dvc.lock").exists():
+                from mlflow import MlflowClient
+
+                MlflowClient(tracking_uri(root)).log_artifact(parent_id, str(root / "dvc.lock"))
+    finally:
+        if env_before is None:
+            os.environ.pop("MEMPO_PROJECT_ROOT", None)
+        else:
+            os.environ["MEMPO_PROJECT_ROOT"] = env_before
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def summarize(root: str | Path = ".", result: PipelineResult | None = None) -> list[str]:
+    """Lines saying where each stage's output, the report, the MLflow UI and the model are."""
+    from mempo.config import load_params
+    from mempo.tracking import tracking_uri
+
     root = Path(root)
     stages = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages", {})
-    lines = []
+    lines = ["Outputs:"]
     for name, stage in stages.items():
         for out in stage.get("outs", []):
             path = out if isinstance(out, str) else next(iter(out))
             status = "ok" if (root / path).exists() else "missing"
-            lines.append(f"  {name:<12} {path}  [{status}]")
+            lines.append(f"  {name:<16} {path}  [{status}]")
+    params = load_params(root / "params.yaml")
+    report = root / "outputs" / "eval" / "report.md"
+    if report.exists():
+        lines.append(f"Report:      {report.relative_to(root)} (and report.html beside it)")
+    uri = tracking_uri(root)
+    if uri.startswith("sqlite:///"):
+        lines.append("MLflow UI:   mlflow ui --backend-store-uri sqlite:///mlflow.db "
+                     "--default-artifact-root ./mlartifacts --host 127.0.0.1")
+    else:
+        lines.append(f"MLflow:      {uri}")
+    registered = root / params.registration.out / "registered.json"
+    if registered.exists():
+        reg = json.loads(registered.read_text())
+        lines.append(f"Registered:  {reg['model_uri']} (MLflow run {reg['run_id']})")
+    if result is not None and result.promotion is not None:
+        lines.append(f"Promotion:   {result.promotion['summary']}")
+    if result is not None and result.parent_run_id:
+        lines.append(f"Parent run:  {result.parent_run_id}")
     return lines

@@ -10,8 +10,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = add_subparser(sub, "pipeline", "run the whole pipeline locally (dvc repro)")
     psub = p.add_subparsers(dest="pipeline_command", metavar="ACTION", required=True)
-    run = add_subparser(psub, "run", "dvc repro every stage, then print where the outputs are")
+    run = add_subparser(psub, "run", "dvc repro every stage under one MLflow parent run, gate "
+                        "promotion, then print where the outputs are")
     run.add_argument("--force", action="store_true", help="re-run stages even if up to date")
+    run.add_argument("--no-promote", action="store_true", help="skip the promotion gate (params: pipeline.promote)")
     run.add_argument("targets", nargs="*", help="stage names (default: all)")
     run.set_defaults(handler=_run)
 
@@ -19,7 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from mempo.pipeline import run_pipeline, summarize
 
-    elapsed = run_pipeline(".", force=args.force, targets=args.targets or None)
-    print(f"\npipeline finished in {elapsed:.0f} s. Outputs:")
-    print("\n".join(summarize(".")))
+    result = run_pipeline(".", force=args.force, targets=args.targets or None,
+                          promote=False if args.no_promote else None)
+    ran = ", ".join(result.ran) if result.ran else "nothing (up to date)"
+    print(f"\npipeline finished in {result.seconds:.0f} s; stages run: {ran}")
+    print("\n".join(summarize(".", result)))
     return 0
