@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "mempo.commands.world",
     "mempo.commands.pipeline",
     "mempo.commands.policy",
+    "mempo.commands.train",
     "mempo.commands.registry",
     "mempo.commands.data",
     "mempo.commands.validate",

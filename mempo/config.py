@@ -254,6 +254,38 @@ class PipelineParams(Section):
     promote: bool = True
 
 
+class SFTParams(Section):
+    """`mempo train sft`: the cold start on correct memory-format trajectories."""
+
+    policy: str = "outputs/policy"
+    out: str = "outputs/sft"
+    world: str = "outputs/world"
+    retriever: str = "outputs/index"
+    trajectories: str = ""
+    val_trajectories: str = ""
+    part: str = "sft"
+    max_questions: int | None = Field(1500, ge=1)
+    multi_k: list[int] = Field(default_factory=lambda: [4])
+    multi_tasks: int = Field(100, ge=0)
+    val_questions: int = Field(100, ge=1)
+    epochs: float = Field(1.0, gt=0.0)
+    max_steps: int = Field(0, ge=0)
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(3e-3, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    warmup_steps: int = Field(20, ge=0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    max_tokens: int = Field(1024, ge=16)
+    eval_every: int = Field(50, ge=1)
+    checkpoint_every: int = Field(100, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    resume: str = "auto"
+    seed: int = 0
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    threads: int = Field(0, ge=0)
+
+
 class Params(Section):
     """All of params.yaml. Sections are added by the stages that read them."""
 
@@ -263,6 +295,7 @@ class Params(Section):
     eval: EvalParams = Field(default_factory=EvalParams)
     benchmarks: BenchmarksParams = Field(default_factory=BenchmarksParams)
     policy: PolicyParams = Field(default_factory=PolicyParams)
+    sft: SFTParams = Field(default_factory=SFTParams)
     data: DataParams = Field(default_factory=DataParams)
     # `validate` would shadow pydantic's BaseModel.validate; params.yaml still says `validate:`.
     validation: ValidateParams = Field(default_factory=ValidateParams, alias="validate")

@@ -1,0 +1,43 @@
+"""`mempo train sft|grpo`: the SFT cold start and the local GRPO + memory-advantage trainer.
+
+Flags override `params.yaml` (`sft:` / `train:`); `--set section.key=value` overrides any key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from mempo.commands import params_from
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from mempo.cli import add_subparser
+
+    train = add_subparser(sub, "train", "train the policy: SFT cold start, then GRPO + memory advantage")
+    tsub = train.add_subparsers(dest="train_command", metavar="TRAINER", required=True)
+
+    sft = add_subparser(tsub, "sft", "cold start on correct memory-format trajectories")
+    sft.add_argument("--policy", default=None, help="model folder to start from (params: sft.policy)")
+    sft.add_argument("--world", default=None, help="knowledge world for the scripted teacher (params: sft.world)")
+    sft.add_argument("--retriever", default=None, help="index folder, corpus .jsonl or http URL (params: sft.retriever)")
+    sft.add_argument("--trajectories", default=None, help="jsonl of trajectories instead of the teacher (params: sft.trajectories)")
+    sft.add_argument("--out", default=None, help="output folder (params: sft.out)")
+    sft.add_argument("--max-steps", type=int, default=None, help="optimiser steps (params: sft.max_steps)")
+    sft.add_argument("--device", default=None, help="cpu | cuda | auto (params: sft.device)")
+    sft.add_argument("--seed", type=int, default=None, help="seed (params: sft.seed)")
+    sft.add_argument("--resume", default=None, help="auto | never | CHECKPOINT (params: sft.resume)")
+    sft.set_defaults(handler=_sft)
+
+
+def _sft(args: argparse.Namespace) -> int:
+    from mempo.training.sft import run_sft
+
+    params = params_from(args, {
+        "sft.policy": args.policy, "sft.world": args.world, "sft.retriever": args.retriever,
+        "sft.trajectories": args.trajectories, "sft.out": args.out, "sft.max_steps": args.max_steps,
+        "sft.device": args.device, "sft.seed": args.seed, "sft.resume": args.resume,
+    })
+    metrics = run_sft(params)
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
+    return 0

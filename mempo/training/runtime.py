@@ -1,0 +1,98 @@
+"""Process-level training setup shared by SFT and GRPO: device, seeding, determinism, models.
+
+    device = resolve_device("auto")          # "cuda" when available, else "cpu"
+    seed_everything(0, deterministic=True)   # python, numpy, torch (+ cuda) seeded
+    model, tok = load_policy("outputs/policy", device)
+
+The device is a parameter everywhere (`--device cpu|cuda|auto`); nothing in the trainers
+assumes CPU. Determinism is exact on CPU for a given seed and thread count; on CUDA the
+deterministic algorithms are requested but kernels may still differ across GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+from mempo.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(device: str) -> Any:
+    """`torch.device` for "cpu", "cuda", "cuda:N" or "auto" (cuda when available)."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device '{device}' requested but CUDA is not available", field="device")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ConfigError(f"unknown device '{device}': {e}", field="device") from e
+
+
+def seed_everything(seed: int, deterministic: bool = True, threads: int | None = None) -> None:
+    """Seed python, numpy and torch; optionally force deterministic kernels.
+
+    Args:
+        seed: the run's seed.
+        deterministic: `torch.use_deterministic_algorithms` (warn-only, so an op without a
+            deterministic kernel on some GPU warns instead of failing the run).
+        threads: torch intra-op threads (None keeps the default). Results on CPU are
+            bit-identical only for the same thread count.
+    """
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    if threads:
+        torch.set_num_threads(threads)
+    if deterministic:
+        # cuBLAS needs this for deterministic matmuls; harmless on CPU.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def load_policy(path: str | Path, device: Any, dtype: str = "float32") -> tuple[Any, Any]:
+    """Load an HF causal LM and its tokenizer (left padding, pad token set) onto `device`.
+
+    `path` may be a policy folder written by `mempo policy bootstrap` (including a `base`
+    record pointing at a model elsewhere). `dtype`: float32 | bfloat16 | float16.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mempo.policy import resolve_policy_path
+
+    folder = resolve_policy_path(path)
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+    if torch_dtype is None:
+        raise ConfigError(f"unknown dtype '{dtype}' (float32 | bfloat16 | float16)", field="dtype")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype)
+    model.to(device)
+    return model, tokenizer
+
+
+def save_policy(model: Any, tokenizer: Any, out: str | Path, manifest: dict[str, Any] | None = None) -> Path:
+    """Save model + tokenizer as an HF folder, atomically (the folder is replaced whole)."""
+    from mempo.io import atomic_dir, write_json
+
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if manifest is not None:
+            write_json(tmp / "policy.json", manifest)
+    return Path(out)

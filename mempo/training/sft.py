@@ -1,0 +1,398 @@
+"""SFT cold start: teach the policy the memory format from correct trajectories.
+
+    mempo train sft --policy outputs/policy --world outputs/world --out outputs/sft
+    mempo train sft --policy outputs/policy --trajectories my_trajs.jsonl --out outputs/sft
+
+One training sample per assistant turn: the memory-context prompt of that turn (system,
+question, previous memory, last action + observation; chat-templated) -> the assistant's
+turn. The loss is the token-mean cross-entropy on the assistant tokens only (prompt tokens
+are labelled -100). Prompt and response are tokenised separately and concatenated, exactly
+as the rollout tokenises them, so SFT and RL see the same token boundaries.
+
+Trajectories come from the scripted teacher on the knowledge world (default) or from any
+jsonl, one of these per line:
+
+    {"messages": [{"role": ..., "content": ...}, ...], "response": "<mem> ... </mem> ..."}
+    {"turns": [{"messages": [...], "response": "..."}, ...], ...}      (one episode)
+
+Writes `OUT/model/` (HF folder), `OUT/metrics.json`, `OUT/history.jsonl`, `OUT/plots/sft_loss.png`,
+and checkpoints under `OUT/checkpoints/` (resumable with `--resume auto`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mempo.errors import DataError
+from mempo.io import iter_jsonl, write_json, write_jsonl
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SFTSample:
+    """One supervised turn: chat `messages` (ending with the user turn) -> `response` text."""
+
+    messages: list[dict[str, str]]
+    response: str
+
+
+@dataclass(frozen=True)
+class TokenizedSample:
+    """`input_ids` = prompt ids + response ids (+ eos); `n_prompt` leading ids carry no loss."""
+
+    input_ids: list[int]
+    n_prompt: int
+
+
+def _check_messages(messages: Any, path: Path, row: int) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise DataError("must be a non-empty list of {role, content}", path=path, row=row, field="messages")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise DataError("each message needs string 'role' and 'content'", path=path, row=row, field="messages")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def load_sft_samples(path: str | Path) -> list[SFTSample]:
+    """Read SFT samples from a jsonl of turns or episodes (see module docstring)."""
+    path = Path(path)
+    samples: list[SFTSample] = []
+    for row, obj in iter_jsonl(path):
+        turns = obj.get("turns") if "turns" in obj else [obj]
+        if not isinstance(turns, list):
+            raise DataError("must be a list of turns", path=path, row=row, field="turns")
+        for turn in turns:
+            if not isinstance(turn, dict):
+                raise DataError("each turn must be an object", path=path, row=row, field="turns")
+            resp = turn.get("response")
+            if not isinstance(resp, str) or not resp.strip():
+                raise DataError("missing or empty", path=path, row=row, field="response")
+            samples.append(SFTSample(_check_messages(turn.get("messages"), path, row), resp))
+    if not samples:
+        raise DataError("no SFT samples in file", path=path)
+    return samples
+
+
+def write_sft_samples(path: str | Path, samples: Iterable[SFTSample]) -> int:
+    """Write samples as the per-turn jsonl `load_sft_samples` reads (atomic). Returns the count."""
+    return write_jsonl(path, ({"messages": s.messages, "response": s.response} for s in samples))
+
+
+def tokenize_samples(
+    samples: Sequence[SFTSample], tokenizer: Any, max_tokens: int | None = None
+) -> list[TokenizedSample]:
+    """Tokenise prompt and response separately (as the rollout does) and append eos.
+
+    Samples longer than `max_tokens` keep their response and lose prompt tokens from the
+    left (the system prompt goes first; the question and memory stay). Samples whose
+    response alone exceeds `max_tokens` are dropped with a warning.
+    """
+    from mempo.agent.format import render_prompt
+
+    out: list[TokenizedSample] = []
+    dropped = 0
+    eos = tokenizer.eos_token_id
+    for s in samples:
+        p = tokenizer.encode(render_prompt(tokenizer, s.messages), add_special_tokens=False)
+        r = tokenizer.encode(s.response, add_special_tokens=False) + ([eos] if eos is not None else [])
+        if max_tokens is not None and len(p) + len(r) > max_tokens:
+            if len(r) >= max_tokens:
+                dropped += 1
+                continue
+            p = p[len(p) + len(r) - max_tokens:]
+        out.append(TokenizedSample(p + r, len(p)))
+    if dropped:
+        log.warning("dropped %d SFT samples whose response exceeds %s tokens", dropped, max_tokens)
+    return out
+
+
+def collate(batch: Sequence[TokenizedSample], pad_id: int) -> dict[str, Any]:
+    """Right-pad a batch. Returns input_ids, attention_mask, labels: LongTensor [B, T]."""
+    import torch
+
+    width = max(len(s.input_ids) for s in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for r, s in enumerate(batch):
+        n = len(s.input_ids)
+        ids[r, :n] = torch.tensor(s.input_ids)
+        att[r, :n] = 1
+        labels[r, s.n_prompt:n] = ids[r, s.n_prompt:n]
+    return {"input_ids": ids, "attention_mask": att, "labels": labels}
+
+
+def token_loss(model: Any, batch: dict[str, Any], device: Any) -> tuple[Any, int]:
+    """Sum of next-token cross-entropy over labelled tokens, and their count.
+
+    Returns (loss_sum: scalar tensor, n_tokens: int); divide for the token mean.
+    """
+    import torch.nn.functional as F
+
+    ids = batch["input_ids"].to(device)
+    logits = model(input_ids=ids, attention_mask=batch["attention_mask"].to(device)).logits
+    labels = batch["labels"].to(device)[:, 1:]
+    logits = logits[:, :-1].float()
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                           ignore_index=-100, reduction="sum")
+    return loss, int((labels != -100).sum())
+
+
+def length_bucketed_batches(
+    lengths: Sequence[int], batch_size: int, seed: int, epoch: int
+) -> list[list[int]]:
+    """Shuffled batches of similar length (less padding), reproducible per (seed, epoch).
+
+    Indices are shuffled, cut into chunks of 50 batches, sorted by length inside a chunk,
+    batched, and the batch order is shuffled again.
+    """
+    import random
+
+    rng = random.Random(seed * 1_000_003 + epoch)
+    idx = list(range(len(lengths)))
+    rng.shuffle(idx)
+    chunk = batch_size * 50
+    batches: list[list[int]] = []
+    for c in range(0, len(idx), chunk):
+        part = sorted(idx[c:c + chunk], key=lambda i: lengths[i])
+        batches.extend(part[b:b + batch_size] for b in range(0, len(part), batch_size))
+    rng.shuffle(batches)
+    return batches
+
+
+def evaluate_loss(model: Any, data: Sequence[TokenizedSample], batch_size: int, pad_id: int, device: Any) -> float:
+    """Token-mean validation loss (nats per assistant token) over `data`."""
+    import torch
+
+    if not data:
+        return float("nan")
+    model.eval()
+    total, count = 0.0, 0
+    order = sorted(range(len(data)), key=lambda i: len(data[i].input_ids))
+    with torch.no_grad():
+        for b in range(0, len(order), batch_size):
+            loss, n = token_loss(model, collate([data[i] for i in order[b:b + batch_size]], pad_id), device)
+            total += float(loss)
+            count += n
+    model.train()
+    return total / max(count, 1)
+
+
+def make_optimizer(model: Any, lr: float, weight_decay: float, warmup_steps: int, total_steps: int) -> tuple[Any, Any]:
+    """AdamW + linear warmup then cosine decay to 10% of `lr` over `total_steps`."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(warmup_steps, 1)
+        progress = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def episode_samples(episode: Any, system_prompt: str | None = None) -> list[SFTSample]:
+    """One `SFTSample` per turn of `episode`: the memory-context messages of that turn (rebuilt
+    by replaying `MemoryContext`, exactly what the policy saw) -> the turn's response text."""
+    from mempo.agent.context import MemoryContext
+    from mempo.agent.format import SYSTEM_PROMPT, parse_turn
+
+    ctx = MemoryContext(episode.question, system_prompt or SYSTEM_PROMPT)
+    out: list[SFTSample] = []
+    for turn in episode.turns:
+        out.append(SFTSample(ctx.messages(), turn.response_text.strip()))
+        ctx.record_turn(turn.response_text, parse_turn(turn.response_text), turn.observation,
+                        turn.short_observation)
+    return out
+
+
+def sft_tasks(
+    world: str | Path, split: str, part: str | None, max_questions: int | None,
+    multi_k: Sequence[int], multi_tasks: int, seed: int,
+) -> list[Any]:
+    """The teacher's tasks: single questions of `split` (optionally one `part`) plus
+    `multi_tasks` composed k-objective tasks for each k in `multi_k` (from the same pool)."""
+    import random
+
+    from mempo.datasets import load_qa
+    from mempo.tasks import compose_multi_objective
+
+    items = load_qa(Path(world) / "qa" / f"{split}.jsonl")
+    if part:
+        items = [q for q in items if (q.metadata or {}).get("part") == part]
+    if not items:
+        raise DataError(f"no questions with part '{part}'", path=Path(world) / "qa" / f"{split}.jsonl")
+    rng = random.Random(seed)
+    rng.shuffle(items)
+    singles = items[:max_questions] if max_questions else items
+    tasks = list(singles)
+    for k in multi_k:
+        n = min(multi_tasks, len(items) // k)
+        if k > 1 and n > 0:
+            tasks += compose_multi_objective(items, k=k, n_tasks=n, seed=seed + k, id_prefix=f"sft-{split}")
+    return tasks
+
+
+def teacher_samples(
+    tasks: Sequence[Any], retriever: Any, tokenizer: Any, agent: Any, multi_rule: str = "all",
+) -> tuple[list[SFTSample], dict[str, float]]:
+    """Run the scripted teacher on `tasks` through the real retriever and keep the turns of
+    the episodes it got right (R^T = 1). Returns (samples, stats)."""
+    from mempo.agent.rollout import RolloutConfig, run_episodes
+    from mempo.agent.teacher import ScriptedTeacher
+    from mempo.agent.tools import ToolConfig, ToolEnv
+
+    env = ToolEnv(retriever, tokenizer, ToolConfig(
+        topk=agent.topk, observation_max_tokens=agent.observation_max_tokens,
+        access_chunk_chars=agent.access_chunk_chars, short_text_chars=agent.short_text_chars))
+    cfg = RolloutConfig(max_turns=max(agent.max_turns, 64), max_concurrent_episodes=agent.max_concurrent_episodes,
+                        check_masks=agent.check_masks)
+    episodes = run_episodes(list(tasks), ScriptedTeacher(tokenizer), env, tokenizer, "memory", cfg)
+    kept = [ep for ep in episodes if ep.outcome_reward(multi_rule=multi_rule) >= 1.0]
+    samples = [s for ep in kept for s in episode_samples(ep)]
+    stats = {"episodes": len(episodes), "correct": len(kept),
+             "teacher_em": len(kept) / max(len(episodes), 1), "samples": len(samples)}
+    return samples, stats
+
+
+def run_sft(params: Any, tracking: bool = True) -> dict[str, Any]:
+    """Run the SFT stage: `params` is the whole `mempo.config.Params` (reads `sft`, `agent`,
+    `mempo`). Returns the final metrics.
+
+    Steps: teacher trajectories (or a jsonl) -> tokenise -> AdamW on the assistant-token
+    loss, checkpoints every `checkpoint_every` steps (`resume: auto` continues), validation
+    loss every `eval_every` steps -> `OUT/model` (HF folder), logged to MLflow with the
+    metrics and curves. An exception ends the MLflow run FAILED.
+    """
+    from mempo.tracking import stage_run
+
+    p = params.sft
+    if not tracking:
+        return _run_sft(params)
+    data = {"trajectories": p.trajectories} if p.trajectories else {"world_qa": str(Path(p.world) / "qa")}
+    with stage_run("sft", params=p, data={"policy": p.policy, **data}):
+        return _run_sft(params)
+
+
+def _run_sft(params: Any) -> dict[str, Any]:
+    import torch
+    from tqdm import tqdm
+
+    from mempo.tracking import log_file, log_json, log_metrics, log_plot
+    from mempo.training.checkpoint import (
+        TrainerState,
+        load_checkpoint,
+        resolve_resume,
+        save_checkpoint,
+    )
+    from mempo.training.plots import plot_curves
+    from mempo.training.runtime import load_policy, resolve_device, save_policy, seed_everything
+
+    p = params.sft
+    out = Path(p.out)
+    seed_everything(p.seed, deterministic=True, threads=p.threads or None)
+    device = resolve_device(p.device)
+    model, tok = load_policy(p.policy, device, p.dtype)
+    model.train()
+
+    t_data = time.perf_counter()
+    data_stats: dict[str, float] = {}
+    if p.trajectories:
+        train_s = load_sft_samples(p.trajectories)
+        val_s = load_sft_samples(p.val_trajectories) if p.val_trajectories else []
+    else:
+        from mempo.retrieval import open_retriever
+
+        with open_retriever(p.retriever) as retriever:
+            train_tasks = sft_tasks(p.world, "train", p.part or None, p.max_questions, p.multi_k, p.multi_tasks, p.seed)
+            val_tasks = sft_tasks(p.world, "val", None, p.val_questions, [], 0, p.seed)
+            train_s, data_stats = teacher_samples(train_tasks, retriever, tok, params.agent, params.mempo.multi_rule)
+            val_s, _ = teacher_samples(val_tasks, retriever, tok, params.agent, params.mempo.multi_rule)
+        write_sft_samples(out / "trajectories" / "train.jsonl", train_s)
+        write_sft_samples(out / "trajectories" / "val.jsonl", val_s)
+    data_stats["data_seconds"] = time.perf_counter() - t_data
+    train_t = tokenize_samples(train_s, tok, p.max_tokens)
+    val_t = tokenize_samples(val_s, tok, p.max_tokens)
+    if not train_t:
+        raise DataError("no SFT samples left after tokenisation", field="sft.max_tokens")
+    lengths = [len(s.input_ids) for s in train_t]
+    steps_per_epoch = math.ceil(len(train_t) / p.batch_size)
+    total_steps = p.max_steps or max(1, int(p.epochs * steps_per_epoch))
+    log.info("SFT: %d train / %d val samples, %.0f tokens/sample, %d steps on %s",
+             len(train_t), len(val_t), sum(lengths) / len(lengths), total_steps, device)
+
+    opt, sched = make_optimizer(model, p.lr, p.weight_decay, p.warmup_steps, total_steps)
+    ckpt_root = out / "checkpoints"
+    state = TrainerState()
+    resume = resolve_resume(p.resume, ckpt_root)
+    if resume is not None:
+        state = load_checkpoint(resume, model, opt, sched)
+        log.info("resumed from %s (step %d)", resume, state.step)
+
+    pad_id = tok.pad_token_id
+    t_start = time.perf_counter()
+    tokens_seen = 0
+    epoch_batches: dict[int, list[list[int]]] = {}
+    bar = tqdm(total=total_steps, initial=state.step, desc="sft", unit="step", mininterval=2.0)
+    while state.step < total_steps:
+        epoch, pos = divmod(state.step, steps_per_epoch)
+        if epoch not in epoch_batches:
+            epoch_batches = {epoch: length_bucketed_batches(lengths, p.batch_size, p.seed, epoch)}
+        batch = collate([train_t[i] for i in epoch_batches[epoch][pos]], pad_id)
+        t0 = time.perf_counter()
+        loss_sum, n_tok = token_loss(model, batch, device)
+        loss = loss_sum / max(n_tok, 1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip))
+        opt.step()
+        sched.step()
+        state.step += 1
+        step_tokens = int(batch["attention_mask"].sum())
+        tokens_seen += step_tokens
+        row: dict[str, float] = {
+            "step": state.step, "epoch": epoch + (pos + 1) / steps_per_epoch, "loss": loss.item(),
+            "grad_norm": grad_norm, "lr": sched.get_last_lr()[0],
+            "tokens_per_s": step_tokens / max(time.perf_counter() - t0, 1e-9),
+        }
+        if state.step % p.eval_every == 0 or state.step == total_steps:
+            row["val_loss"] = evaluate_loss(model, val_t, p.batch_size, pad_id, device)
+        state.history.append(row)
+        log_metrics({k: v for k, v in row.items() if k != "step"}, step=state.step, prefix="sft")
+        bar.update(1)
+        bar.set_postfix(loss=f"{row['loss']:.3f}", val=f"{row.get('val_loss', float('nan')):.3f}")
+        if state.step % p.checkpoint_every == 0 and state.step < total_steps:
+            state.data_position = {"epoch": epoch, "batch": pos + 1}
+            save_checkpoint(ckpt_root, model, opt, sched, state, keep_last=p.keep_checkpoints)
+    bar.close()
+
+    val_losses = [r["val_loss"] for r in state.history if "val_loss" in r]
+    elapsed = time.perf_counter() - t_start
+    metrics = {
+        "steps": state.step,
+        "train_samples": len(train_t),
+        "val_samples": len(val_t),
+        "final_loss": state.history[-1]["loss"] if state.history else float("nan"),
+        "final_val_loss": val_losses[-1] if val_losses else float("nan"),
+        "train_seconds": elapsed,
+        "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
+        **{f"data_{k}" if not k.startswith("data") else k: v for k, v in data_stats.items()},
+    }
+    save_policy(model, tok, out / "model", {"kind": "sft", "base": str(p.policy), "steps": state.step})
+    write_json(out / "metrics.json", metrics)
+    write_jsonl(out / "history.jsonl", state.history)
+    plot_curves(state.history, ["loss", "val_loss"], out / "plots" / "sft_loss.png", title="SFT loss")
+    log_metrics(metrics, prefix="sft_final")
+    log_json(out / "metrics.json")
+    log_plot(out / "plots")
+    log_file(out / "model", artifact_path="model")
+    return metrics
