@@ -286,10 +286,68 @@ class SFTParams(Section):
     threads: int = Field(0, ge=0)
 
 
+class IndexParams(Section):
+    """`mempo index build`: the retrieval index (mempo.retrieval.index)."""
+
+    corpus: str = "outputs/world/corpus.jsonl"
+    out: str = "outputs/index"
+    method: Literal["bm25", "dense"] = "bm25"
+    encoder: str = "all-MiniLM-L6-v2"
+    index_type: Literal["flat", "hnsw", "ivfpq"] = "flat"
+    hnsw_m: int = Field(32, ge=2)
+    hnsw_ef_construction: int = Field(200, ge=1)
+    hnsw_ef_search: int = Field(128, ge=1)
+    ivf_nlist: int = Field(1024, ge=1)
+    ivf_nprobe: int = Field(32, ge=1)
+    pq_m: int = Field(48, ge=1)
+    pq_nbits: int = Field(8, ge=1, le=16)
+    pq_rerank: int = Field(0, ge=0)
+    bm25_k1: float = Field(1.5, gt=0.0)
+    bm25_b: float = Field(0.75, ge=0.0, le=1.0)
+    batch_size: int = Field(64, ge=1)
+    shard_size: int = Field(10_000, ge=1)
+    device: str = "cpu"
+    faiss_gpu: bool = False
+    ray: bool = False
+    ray_actors: int = Field(1, ge=1)
+    ray_address: str = ""
+
+
+class ServeParams(Section):
+    """`mempo serve retriever`: the retrieval service (mempo.retrieval.server)."""
+
+    index: str = "outputs/index"
+    host: str = "127.0.0.1"
+    port: int = Field(8013, ge=0, le=65535)
+    encoder: str = ""
+    device: str = "cpu"
+    batching: bool = True
+    batch_window_ms: float = Field(3.0, ge=0.0)
+    max_batch_queries: int = Field(128, ge=1)
+    max_queries_per_request: int = Field(256, ge=1)
+    max_query_chars: int = Field(2048, ge=1)
+    max_topk: int = Field(50, ge=1)
+    default_topk: int = Field(3, ge=1)
+    max_body_bytes: int = Field(1_000_000, ge=64)
+    max_access_items: int = Field(64, ge=1)
+    graceful_timeout_s: float = Field(30.0, ge=0.0)
+
+
+class CorpusParams(Section):
+    """`mempo corpus wiki-sample`: real Wikipedia lead summaries in the wiki-18 format."""
+
+    wiki_out: str = "outputs/wiki_sample/corpus.jsonl"
+    wiki_lang: Literal["en-us", "es-es", "fr-fr"] = "en-us"
+    words_per_passage: int = Field(100, ge=0)
+
+
 class Params(Section):
     """All of params.yaml. Sections are added by the stages that read them."""
 
     world: WorldParams = Field(default_factory=WorldParams)
+    index: IndexParams = Field(default_factory=IndexParams)
+    serve: ServeParams = Field(default_factory=ServeParams)
+    corpus: CorpusParams = Field(default_factory=CorpusParams)
     agent: AgentParams = Field(default_factory=AgentParams)
     mempo: MempoParams = Field(default_factory=MempoParams)
     eval: EvalParams = Field(default_factory=EvalParams)
