@@ -32,6 +32,9 @@ COMMAND_MODULES = [
     "mempo.commands.registry",
     "mempo.commands.data",
     "mempo.commands.validate",
+    "mempo.commands.corpus",
+    "mempo.commands.index",
+    "mempo.commands.serve",
 ]
 
 
