@@ -183,8 +183,7 @@ def _validate(contract: Contract, docs_dir: Path | None, sample_rows: int) -> tu
     for spec in contract.batches:
         batch_def = source.add_dataframe_asset(spec.name).add_batch_definition_whole_dataframe("frame")
         suite = ctx.suites.add(gx.ExpectationSuite(name=f"{contract.suite}.{spec.name}"))
-        for check in spec.checks:
-            suite.add_expectation(_make_expectation(check))
+        ids = [suite.add_expectation(_make_expectation(check)).id for check in spec.checks]
         vd = ctx.validation_definitions.add(gx.ValidationDefinition(
             data=batch_def, suite=suite, name=f"{contract.suite}.{spec.name}"))
         mine = [ExpectationOutcome(spec.name, _snake(c.kind), c.description, _plain(c.kwargs))
@@ -196,8 +195,10 @@ def _validate(contract: Contract, docs_dir: Path | None, sample_rows: int) -> tu
                        disable=None, leave=False):
             n_frames += 1
             result = vd.run(batch_parameters={"dataframe": df}, result_format=result_format)
-            for out, res in zip(mine, result.results, strict=True):
-                _merge(out, res, sample_rows)
+            # GE does not keep the suite's order in its results; match them by expectation id.
+            by_id = {res.expectation_config.id: res for res in result.results}
+            for out, exp_id in zip(mine, ids, strict=True):
+                _merge(out, by_id[exp_id], sample_rows)
     if docs_dir is not None:
         ctx.build_data_docs(site_names=["mempo"])
     _name_duplicate_ids(contract, outcomes)
