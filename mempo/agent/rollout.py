@@ -292,20 +292,28 @@ async def arun_episodes(
 ) -> list[Episode]:
     """Run `n_rollouts` episodes per item concurrently; results in (item, rollout) order.
 
-    Episode ids are `f"{item.id}#{r}"`; the group of an episode (for GRPO) is its item id.
+    Episode ids are `f"{item.id}#{r}"` (an item listed twice gets `f"{item.id}#{r}.{n}"` for
+    its n-th repeat, so ids stay unique); the group of an episode (for GRPO) is its item id.
     """
     cfg = config or RolloutConfig()
     sem = asyncio.Semaphore(max(1, cfg.max_concurrent_episodes))
-    jobs = [(item, r) for item in items for r in range(n_rollouts)]
+    jobs: list[tuple[QAItem, str]] = []
+    seen: dict[str, int] = {}
+    for item in items:
+        for r in range(n_rollouts):
+            eid = f"{item.id}#{r}"
+            n = seen.get(eid, 0)
+            seen[eid] = n + 1
+            jobs.append((item, eid if n == 0 else f"{eid}.{n}"))
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(jobs), desc=f"rollouts ({getattr(context, '__name__', context)})", unit="ep", leave=False)
 
-    async def one(item: QAItem, r: int) -> Episode:
+    async def one(item: QAItem, eid: str) -> Episode:
         async with sem:
-            ep = await run_episode(item, policy, env, tokenizer, context, cfg, f"{item.id}#{r}", system_prompt)
+            ep = await run_episode(item, policy, env, tokenizer, context, cfg, eid, system_prompt)
         if bar is not None:
             bar.update(1)
         if on_episode is not None:
@@ -313,7 +321,7 @@ async def arun_episodes(
         return ep
 
     try:
-        return list(await asyncio.gather(*(one(i, r) for i, r in jobs)))
+        return list(await asyncio.gather(*(one(i, eid) for i, eid in jobs)))
     finally:
         if bar is not None:
             bar.close()

@@ -4,7 +4,7 @@ For each objective of a task (one for a plain question; k for a task from
 `mempo.tasks.compose_multi_objective`) it walks `metadata.chain` hop by hop: it searches
 for the hop's entity and relation through the retriever (a real `<search>`), checks that
 the hop's value is in the returned passages, and falls back to `<access>` of the entity's
-article when the search missed it. Its memory keeps exactly what it has found: the facts of
+article (chunk after chunk) when the search missed it. Its memory keeps exactly what it has found: the facts of
 the objective in progress, and for each finished objective its answer (a finished
 objective's intermediate facts are no longer useful, so they are compressed away). When
 every hop is found it answers `a1; a2; ...`; a hop it cannot find is answered "unknown",
@@ -19,6 +19,7 @@ context benchmark). It reads only the environment's observations, never the corp
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,15 @@ def _objectives(item: QAItem) -> list[tuple[list[dict[str, str]], str]]:
     if objs:
         return [((o.get("metadata") or {}).get("chain") or [], o["golden_answers"][0]) for o in objs]
     return [(meta.get("chain") or [], item.golden_answers[0])]
+
+
+_CHUNK_RE = re.compile(r"\[chunk (\d+)/(\d+)\]")
+
+
+def _more_chunks(observation: str) -> bool:
+    """Whether an access observation shows a chunk before the article's last one."""
+    m = _CHUNK_RE.search(observation)
+    return bool(m) and int(m.group(1)) < int(m.group(2))
 
 
 def _want(hop: _Hop) -> str:
@@ -157,6 +167,11 @@ class ScriptedTeacher:
                 mem = self.memory_text(plan)
                 return (f"<mem> {mem} </mem> <think> The search did not show {_want(hop)} "
                         f"of {hop.entity}; I will read its article. </think> <access> {hop.entity} </access>")
+            elif _more_chunks(request.last_observation or ""):
+                plan.pending = True
+                mem = self.memory_text(plan)
+                return (f"<mem> {mem} </mem> <think> Not in this part of the article; I will read "
+                        f"the next part. </think> <access> {hop.entity} </access>")
             else:
                 plan.cursor += 1  # give up this hop; its objective will be answered "unknown"
                 plan.tried_access = False
