@@ -184,3 +184,27 @@ def test_loads_with_verls_rlhf_dataset_and_a_tiny_tokenizer(prepared: tuple[Path
     answer = "; ".join(o["golden_answers"][0] for o in ei["objectives"])
     solution = f"<mem> found it </mem> <think> done </think> <answer> {answer} </answer>"
     assert compute_score(sample["data_source"], solution, sample["reward_model"]["ground_truth"], ei) == 1.0
+
+
+def test_cli_prepare_logs_an_mlflow_stage_run(tiny_world: Path, tmp_path: Path, mlflow_uri: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from mempo.cli import main as cli_main
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({
+        "data": {"sources": [{"name": "world", "path": str(tiny_world / "qa/train.jsonl"), "split": "train"}],
+                 "eval_sets": [str(tiny_world / "qa/test.jsonl")], "out": str(tmp_path / "data"),
+                 "gate": False},
+    }))
+    assert cli_main(["--params", str(params), "data", "prepare", "--seed", "5"]) == 0
+    printed = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert printed["rows"]["train"] > 0 and "val" not in printed["rows"]
+
+    import mlflow
+
+    runs = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`mempo.stage` = 'data'")
+    assert len(runs) == 1
+    assert runs.iloc[0]["metrics.rows_train"] == printed["rows"]["train"]
+    assert runs.iloc[0]["params.data.seed"] == "5"
