@@ -180,8 +180,12 @@ class MemoryTurn:
         question: the task's question.
         memory: the `<mem>` text written at this turn ("" / None when none was written).
         answer: the gold answer to score (multi-objective: "a1; a2; ...").
-        full_context_prompt: the rendered full-history prompt up to this turn (ending with
-            `ANSWER_PROBE_PREFIX`); needed only for eps="full_context".
+        full_context_prompt: the full history this turn's memory summarises, rendered and
+            ending with `ANSWER_PROBE_PREFIX`: the prompt the full-history agent sees at this
+            turn, i.e. turns 0..t-1 with their observations,
+            `render_prompt(tok, full_context_messages(episode, t), ANSWER_PROBE_PREFIX)`.
+            (mem_t is written after reading observation t-1 and before observation t exists,
+            so the history through t-1 is exactly what it could keep.) eps="full_context" only.
     """
 
     rollout_id: Hashable
