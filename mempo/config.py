@@ -341,6 +341,43 @@ class CorpusParams(Section):
     words_per_passage: int = Field(100, ge=0)
 
 
+class TrainParams(Section):
+    """`mempo train grpo`: the local GRPO + memory-advantage trainer."""
+
+    policy: str = "outputs/sft/model"
+    out: str = "outputs/train"
+    data: str = "outputs/data"
+    retriever: str = "outputs/index"
+    steps: int = Field(20, ge=1)
+    batch_questions: int = Field(8, ge=1)
+    n_rollouts: int = Field(4, ge=1)
+    lambda_mem: float = Field(1.0, ge=0.0)
+    lr: float = Field(5e-4, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    warmup_steps: int = Field(0, ge=0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    clip_ratio_low: float = Field(0.2, ge=0.0, lt=1.0)
+    clip_ratio_high: float = Field(0.2, ge=0.0)
+    kl_coef: float = Field(0.001, ge=0.0)
+    update_epochs: int = Field(1, ge=1)
+    num_minibatches: int = Field(1, ge=1)
+    micro_batch_size: int = Field(32, ge=1)
+    token_budget: int = Field(16384, ge=64)
+    generation_batch_size: int = Field(64, ge=1)
+    max_new_tokens: int = Field(128, ge=0)
+    max_turns: int = Field(0, ge=0)
+    log_memory_reward: bool = True
+    val_every: int = Field(0, ge=0)
+    val_questions: int = Field(64, ge=1)
+    checkpoint_every: int = Field(5, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    resume: str = "auto"
+    seed: int = 0
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    threads: int = Field(0, ge=0)
+
+
 class Params(Section):
     """All of params.yaml. Sections are added by the stages that read them."""
 
@@ -354,6 +391,7 @@ class Params(Section):
     benchmarks: BenchmarksParams = Field(default_factory=BenchmarksParams)
     policy: PolicyParams = Field(default_factory=PolicyParams)
     sft: SFTParams = Field(default_factory=SFTParams)
+    train: TrainParams = Field(default_factory=TrainParams)
     data: DataParams = Field(default_factory=DataParams)
     # `validate` would shadow pydantic's BaseModel.validate; params.yaml still says `validate:`.
     validation: ValidateParams = Field(default_factory=ValidateParams, alias="validate")

@@ -29,6 +29,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     sft.add_argument("--resume", default=None, help="auto | never | CHECKPOINT (params: sft.resume)")
     sft.set_defaults(handler=_sft)
 
+    grpo = add_subparser(tsub, "grpo", "the local GRPO + memory-advantage trainer (CPU or one GPU)")
+    grpo.add_argument("--policy", default=None, help="start model folder (params: train.policy)")
+    grpo.add_argument("--data", default=None, help="prepared data folder with train.parquet (params: train.data)")
+    grpo.add_argument("--retriever", default=None, help="index folder, corpus .jsonl or http URL (params: train.retriever)")
+    grpo.add_argument("--out", default=None, help="output folder (params: train.out)")
+    grpo.add_argument("--steps", type=int, default=None, help="optimiser steps (params: train.steps)")
+    grpo.add_argument("--lambda-mem", type=float, default=None, help="weight of A^M; 0 = plain GRPO (params: train.lambda_mem)")
+    grpo.add_argument("--device", default=None, help="cpu | cuda | auto (params: train.device)")
+    grpo.add_argument("--seed", type=int, default=None, help="seed (params: train.seed)")
+    grpo.add_argument("--resume", default=None, help="auto | never | CHECKPOINT (params: train.resume)")
+    grpo.set_defaults(handler=_grpo)
+
 
 def _sft(args: argparse.Namespace) -> int:
     from mempo.training.sft import run_sft
@@ -39,5 +51,18 @@ def _sft(args: argparse.Namespace) -> int:
         "sft.device": args.device, "sft.seed": args.seed, "sft.resume": args.resume,
     })
     metrics = run_sft(params)
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
+    return 0
+
+
+def _grpo(args: argparse.Namespace) -> int:
+    from mempo.training.grpo import run_grpo
+
+    params = params_from(args, {
+        "train.policy": args.policy, "train.data": args.data, "train.retriever": args.retriever,
+        "train.out": args.out, "train.steps": args.steps, "train.lambda_mem": args.lambda_mem,
+        "train.device": args.device, "train.seed": args.seed, "train.resume": args.resume,
+    })
+    metrics = run_grpo(params)
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
     return 0

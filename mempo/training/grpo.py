@@ -1,0 +1,502 @@
+"""The local GRPO + memory-advantage trainer (MemPO), single process, CPU or one GPU.
+
+    mempo train grpo --policy outputs/sft/model --data outputs/data --retriever outputs/index \
+        --out outputs/train
+    mempo --set train.lambda_mem=0 train grpo ...       # plain GRPO (no memory advantage)
+
+One step:
+ 1. take B tasks from `train.parquet` (a seeded permutation per epoch; the position is in
+    the checkpoint), run n rollouts each with the memory agent (`mempo.agent.rollout`,
+    lockstep batched so a seed gives the same samples) against the retriever;
+ 2. R^T per episode (`Episode.outcome_reward`), A^T = `grpo_outcome_advantage` over each
+    task's n rollouts;
+ 3. R^M per turn = `memory_reward` (batched teacher-forced P(a* | q, mem_t) - eps_t),
+    A^M = `memory_advantage` within (task, turn index), per-token advantages = `combine`
+    (A^T on every generated token + lambda_mem * A^M on the `<mem>` tokens);
+ 4. loss = clipped surrogate, token-mean per trajectory (all turns of an episode), averaged
+    over trajectories, + kl_coef * low_var_kl to the frozen initial policy; AdamW with
+    gradient clipping, `update_epochs` passes over `num_minibatches` minibatches.
+
+Per-step metrics go to MLflow (stage run `train`) and the console; checkpoints (model,
+optimiser, scheduler, RNG states, data position) every `checkpoint_every` steps, atomically;
+`resume: auto` continues from the newest. Writes OUT/model (HF folder, logged to the run),
+OUT/metrics.json, OUT/history.jsonl, OUT/plots/*.png. An exception ends the run FAILED.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import random
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mempo.errors import ConfigError, DataError
+from mempo.io import write_json, write_jsonl
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TurnSample:
+    """One turn record ready for the update.
+
+    Attributes:
+        episode: index of its episode in the step.
+        prompt_ids, response_ids: token ids.
+        advantages: per response token, [n].
+        weight: loss weight of each of its tokens (1 / (episodes x tokens of its episode)).
+        old_logp, ref_logp: per response token, [n] (filled before the update).
+    """
+
+    episode: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    advantages: list[float]
+    weight: float
+    old_logp: list[float] | None = None
+    ref_logp: list[float] | None = None
+
+
+def task_order(n_tasks: int, seed: int, epoch: int) -> list[int]:
+    """The seeded permutation of task indices for `epoch` (same seed, same order)."""
+    order = list(range(n_tasks))
+    random.Random(seed * 7919 + epoch).shuffle(order)
+    return order
+
+
+def step_tasks(n_tasks: int, batch: int, step: int, seed: int) -> list[int]:
+    """Task indices for optimiser step `step` (0-based): consecutive slices of per-epoch
+    permutations; a batch never straddles two epochs (the tail of an epoch is skipped)."""
+    if batch > n_tasks:
+        raise ConfigError(f"batch_questions={batch} exceeds the {n_tasks} training tasks",
+                          field="train.batch_questions")
+    per_epoch = n_tasks // batch
+    epoch, pos = divmod(step, per_epoch)
+    return task_order(n_tasks, seed, epoch)[pos * batch:(pos + 1) * batch]
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else 0.0
+
+
+def _std(xs: Sequence[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def build_turn_samples(
+    episodes: Sequence[Any],
+    group_ids: Sequence[str],
+    outcome_rewards: Sequence[float],
+    memory_rewards: Any,
+    lambda_mem: float,
+    mempo: Any,
+) -> tuple[list[TurnSample], dict[str, Any]]:
+    """Advantages for every turn record of a step, from the core advantage functions.
+
+    Args:
+        episodes: the step's episodes (`mempo.agent.rollout.Episode`), E of them.
+        group_ids: the task id of each episode (its GRPO group), length E.
+        outcome_rewards: R^T per episode, length E.
+        memory_rewards: R^M per turn record in episode/turn order, tensor [M] (or None
+            when lambda_mem == 0 and scoring was skipped).
+        lambda_mem: weight of A^M on `<mem>` tokens.
+        mempo: `mempo.config.MempoParams` (normalisation options).
+    Returns:
+        (turn samples, {"A_T": [E], "A_M": [M], "turn_index": [M]}).
+    """
+    import torch
+
+    from mempo.advantage import combine, grpo_outcome_advantage, memory_advantage
+
+    a_t = grpo_outcome_advantage(list(outcome_rewards), list(group_ids), mempo.norm_by_std, mempo.adv_eps)
+    rec_episode = [e for e, ep in enumerate(episodes) for _ in ep.turns]
+    rec_turn = [t.turn_index for ep in episodes for t in ep.turns]
+    rec_group = [group_ids[e] for e in rec_episode]
+    m = len(rec_episode)
+    if memory_rewards is None:
+        a_m = torch.zeros(m)
+    else:
+        a_m = memory_advantage(memory_rewards, rec_group, rec_turn, mempo.norm_by_std,
+                               mempo.mem_adv_group, mempo.adv_eps)
+    tokens_per_episode = [sum(len(t.response_ids) for t in ep.turns) for ep in episodes]
+    n_eps = len(episodes)
+    samples: list[TurnSample] = []
+    k = 0
+    for e, ep in enumerate(episodes):
+        for t in ep.turns:
+            n = len(t.response_ids)
+            if n:
+                adv = combine(a_t[e:e + 1], a_m[k:k + 1], torch.tensor([t.mem_mask], dtype=torch.float32),
+                              lambda_mem)[0]
+                samples.append(TurnSample(
+                    episode=e, prompt_ids=list(t.prompt_ids), response_ids=list(t.response_ids),
+                    advantages=adv.tolist(), weight=1.0 / (n_eps * max(tokens_per_episode[e], 1)),
+                ))
+            k += 1
+    return samples, {"A_T": a_t, "A_M": a_m, "turn_index": rec_turn}
+
+
+def _micro_batches(samples: Sequence[TurnSample], size: int, token_budget: int) -> list[list[int]]:
+    """Indices grouped by length (less padding), at most `size` records and about
+    `token_budget` padded tokens per micro-batch."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        width = len(samples[i].prompt_ids) + len(samples[i].response_ids)
+        if cur and (len(cur) >= size or width * (len(cur) + 1) > token_budget):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def fill_logprobs(model: Any, samples: Sequence[TurnSample], pad_id: int, temperature: float,
+                  attr: str, micro_batch: int, token_budget: int, device: Any) -> None:
+    """Set `samples[i].<attr>` to the model's response-token log-probs (no grad)."""
+    import torch
+
+    from mempo.training.losses import pack_turns, response_logprobs
+
+    with torch.no_grad():
+        for idx in _micro_batches(samples, micro_batch, token_budget):
+            batch = pack_turns([samples[i].prompt_ids for i in idx], [samples[i].response_ids for i in idx],
+                               pad_id).to(device)
+            logp, _ = response_logprobs(model, batch, temperature)
+            for r, i in enumerate(idx):
+                setattr(samples[i], attr, logp[r, :len(samples[i].response_ids)].float().cpu().tolist())
+
+
+def update_policy(
+    model: Any, optimizer: Any, samples: Sequence[TurnSample], pad_id: int, tp: Any,
+    temperature: float, device: Any,
+) -> dict[str, float]:
+    """`tp.update_epochs` passes of `tp.num_minibatches` optimiser steps over `samples`
+    (clipped surrogate + kl_coef * low_var_kl; see the module docstring). Returns means of
+    loss, pg_loss, kl, entropy, clip_frac, grad_norm over the optimiser steps."""
+    import torch
+
+    from mempo.training.losses import (
+        clipped_surrogate,
+        low_var_kl,
+        pack_turns,
+        pad_rows,
+        response_logprobs,
+    )
+
+    stats: dict[str, list[float]] = defaultdict(list)
+    n = len(samples)
+    mb = max(1, tp.num_minibatches)
+    for _ in range(tp.update_epochs):
+        # Minibatches are fixed slices of a length-sorted order (deterministic), each
+        # re-weighted so its weights sum like a full batch's share.
+        order = list(range(n))
+        for j in range(mb):
+            part = order[j::mb]
+            if not part:
+                continue
+            scale = mb  # each minibatch holds ~1/mb of the total weight
+            optimizer.zero_grad(set_to_none=True)
+            sums = defaultdict(float)
+            weight_total = sum(samples[i].weight * len(samples[i].response_ids) for i in part) * scale
+            for idx_local in _micro_batches([samples[i] for i in part], tp.micro_batch_size, tp.token_budget):
+                idx = [part[i] for i in idx_local]
+                batch = pack_turns([samples[i].prompt_ids for i in idx], [samples[i].response_ids for i in idx],
+                                   pad_id).to(device)
+                L = batch.mask.shape[1]
+                logp, ent = response_logprobs(model, batch, temperature, with_entropy=True)
+                adv = pad_rows([samples[i].advantages for i in idx], L).to(device)
+                w = (pad_rows([[samples[i].weight * scale] * len(samples[i].response_ids) for i in idx], L)
+                     .to(device) * batch.mask)
+                old = (pad_rows([samples[i].old_logp for i in idx], L).to(device)
+                       if samples[idx[0]].old_logp is not None else logp.detach())
+                pg, pg_stats = clipped_surrogate(logp, old, adv, w, tp.clip_ratio_low, tp.clip_ratio_high)
+                loss = pg
+                kl_sum = torch.zeros((), device=device)
+                if samples[idx[0]].ref_logp is not None:
+                    ref = pad_rows([samples[i].ref_logp for i in idx], L).to(device)
+                    kl_sum = (low_var_kl(logp, ref) * w).sum()
+                    if tp.kl_coef > 0:
+                        loss = loss + tp.kl_coef * kl_sum
+                ent_sum = (ent * w).sum() if ent is not None else torch.zeros((), device=device)
+                loss.backward()
+                sums["loss"] += float(loss.detach())
+                sums["pg_loss"] += float(pg.detach())
+                sums["kl"] += float(kl_sum.detach())
+                sums["entropy"] += float(ent_sum)
+                wsum = float(w.sum())
+                sums["clip_frac"] += pg_stats["clip_frac"] * wsum
+                sums["ratio_mean"] += pg_stats["ratio_mean"] * wsum
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tp.grad_clip))
+            optimizer.step()
+            stats["grad_norm"].append(grad_norm)
+            denom = max(weight_total, 1e-12)
+            # loss sums are already weighted means (weights sum to ~1 per minibatch)
+            for k in ("loss", "pg_loss"):
+                stats[k].append(sums[k])
+            for k in ("kl", "entropy", "clip_frac", "ratio_mean"):
+                stats[k].append(sums[k] / denom)
+    return {k: _mean(v) for k, v in stats.items()}
+
+
+def episode_metrics(episodes: Sequence[Any], rewards: Sequence[float], multi_rule: str) -> dict[str, float]:
+    """Outcome metrics of a set of episodes: reward mean/std, EM, F1, format validity, turns,
+    response tokens per turn, prompt tokens per turn."""
+    from mempo.rewards import answer_correctness, token_f1
+
+    em = [answer_correctness(ep.final_answer, ep.golden_answers, ep.objectives, multi_rule)  # type: ignore[arg-type]
+          for ep in episodes]
+    f1 = [token_f1(ep.final_answer, ep.golden_answers) for ep in episodes]
+    prompt_tokens = [n for ep in episodes for n in ep.prompt_tokens]
+    resp = [len(t.response_ids) for ep in episodes for t in ep.turns]
+    return {
+        "reward_mean": _mean(rewards), "reward_std": _std(rewards),
+        "em": _mean(em), "f1": _mean(f1),
+        "format_valid": _mean([float(ep.format_valid) for ep in episodes]),
+        "turns": _mean([ep.num_turns for ep in episodes]),
+        "response_length": _mean(resp),
+        "response_tokens_per_episode": _mean([ep.response_tokens for ep in episodes]),
+        "prompt_tokens_per_turn": _mean(prompt_tokens),
+        "hit_turn_limit": _mean([float(ep.hit_turn_limit) for ep in episodes]),
+    }
+
+
+@dataclass
+class RolloutSetup:
+    """What a rollout needs besides the model: env, sampling, limits."""
+
+    env: Any
+    sampling: Any
+    config: Any
+
+
+def make_rollout_setup(retriever: Any, tokenizer: Any, agent: Any, tp: Any, greedy: bool = False) -> RolloutSetup:
+    """Tool env, sampling params and rollout config from `agent:` and `train:` params."""
+    from mempo.agent.generation import SamplingParams
+    from mempo.agent.rollout import RolloutConfig
+    from mempo.agent.tools import ToolConfig, ToolEnv
+
+    env = ToolEnv(retriever, tokenizer, ToolConfig(
+        topk=agent.topk, observation_max_tokens=agent.observation_max_tokens,
+        access_chunk_chars=agent.access_chunk_chars, short_text_chars=agent.short_text_chars))
+    sampling = SamplingParams(
+        max_new_tokens=tp.max_new_tokens or agent.max_new_tokens,
+        temperature=0.0 if greedy else agent.temperature, top_p=agent.top_p, seed=None, logprobs=False)
+    config = RolloutConfig(max_turns=tp.max_turns or agent.max_turns, max_prompt_tokens=agent.max_prompt_tokens,
+                           check_masks=agent.check_masks)
+    return RolloutSetup(env, sampling, config)
+
+
+def evaluate_tasks(model: Any, tokenizer: Any, tasks: Sequence[Any], setup: RolloutSetup,
+                   gen_batch: int, multi_rule: str) -> dict[str, float]:
+    """Greedy episodes on `tasks` (QAItems); outcome metrics (see `episode_metrics`)."""
+    from mempo.agent.generation import HFGenerator
+    from mempo.training.rollouts import lockstep_episodes
+
+    model.eval()
+    eps = lockstep_episodes(list(tasks), HFGenerator(model, tokenizer, batch_size=gen_batch), setup.sampling,
+                            setup.env, tokenizer, 1, setup.config)
+    rewards = [ep.outcome_reward(multi_rule=multi_rule) for ep in eps]
+    return episode_metrics(eps, rewards, multi_rule)
+
+
+def run_grpo(params: Any, tracking: bool = True) -> dict[str, Any]:
+    """Run the local GRPO + memory-advantage trainer. `params` is the whole
+    `mempo.config.Params` (reads `train`, `agent`, `mempo`). Returns the final metrics."""
+    from mempo.tracking import stage_run
+
+    tp = params.train
+    if not tracking:
+        return _run_grpo(params)
+    with stage_run("train", params={"train": tp.model_dump(), "agent": params.agent.model_dump(),
+                                    "mempo": params.mempo.model_dump()},
+                   data={"policy": tp.policy, "train_data": str(Path(tp.data) / "train.parquet")}):
+        return _run_grpo(params)
+
+
+def _load_tasks(data: str | Path, split: str, limit: int | None = None) -> list[Any]:
+    from mempo.data.schema import load_prepared
+
+    path = Path(data) / f"{split}.parquet"
+    tasks = [t.to_qa_item() for t in load_prepared(path)]
+    if not tasks:
+        raise DataError("no tasks", path=path)
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise DataError("task ids are not unique (extra_info.id)", path=path, field="extra_info.id")
+    return tasks[:limit] if limit else tasks
+
+
+def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in one place on purpose
+    import torch
+    from tqdm import tqdm
+
+    from mempo.advantage import MemoryTurn, memory_reward
+    from mempo.agent.generation import HFGenerator
+    from mempo.retrieval import open_retriever
+    from mempo.tracking import log_file, log_json, log_metrics, log_plot
+    from mempo.training.checkpoint import (
+        TrainerState,
+        load_checkpoint,
+        resolve_resume,
+        save_checkpoint,
+    )
+    from mempo.training.plots import plot_curves
+    from mempo.training.rollouts import lockstep_episodes
+    from mempo.training.runtime import load_policy, resolve_device, save_policy, seed_everything
+
+    tp, agent, mp = params.train, params.agent, params.mempo
+    out = Path(tp.out)
+    seed_everything(tp.seed, deterministic=True, threads=tp.threads or None)
+    device = resolve_device(tp.device)
+    model, tok = load_policy(tp.policy, device, tp.dtype)
+    ref_model = None
+    if tp.kl_coef > 0:
+        ref_model = copy.deepcopy(model).eval()
+        for prm in ref_model.parameters():
+            prm.requires_grad_(False)
+    train_tasks = _load_tasks(tp.data, "train")
+    val_tasks = _load_tasks(tp.data, "val", tp.val_questions) if tp.val_every and tp.val_questions else []
+    # RL uses a constant LR after a linear warmup (as verl's default actor optimiser).
+    opt = torch.optim.AdamW(model.parameters(), lr=tp.lr, weight_decay=tp.weight_decay, betas=(0.9, 0.999))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(tp.warmup_steps, 1)))
+    ckpt_root = out / "checkpoints"
+    state = TrainerState()
+    resume = resolve_resume(tp.resume, ckpt_root)
+    if resume is not None:
+        state = load_checkpoint(resume, model, opt, sched)
+        log.info("resumed from %s at step %d", resume, state.step)
+    pad_id = tok.pad_token_id
+    temperature = agent.temperature if agent.temperature > 0 else 1.0
+    t_run = time.perf_counter()
+
+    with open_retriever(tp.retriever) as retriever:
+        setup = make_rollout_setup(retriever, tok, agent, tp)
+        val_setup = make_rollout_setup(retriever, tok, agent, tp, greedy=True)
+        generator = HFGenerator(model, tok, batch_size=tp.generation_batch_size)
+        bar = tqdm(total=tp.steps, initial=state.step, desc=f"grpo (lambda_mem={tp.lambda_mem})", unit="step")
+        while state.step < tp.steps:
+            t0 = time.perf_counter()
+            idx = step_tasks(len(train_tasks), tp.batch_questions, state.step, tp.seed)
+            items = [train_tasks[i] for i in idx]
+            # 1. rollouts
+            model.eval()
+            episodes = lockstep_episodes(items, generator, setup.sampling, setup.env, tok, tp.n_rollouts,
+                                         setup.config)
+            t1 = time.perf_counter()
+            groups = [ep.item_id for ep in episodes]
+            rewards = [ep.outcome_reward(mp.multi_rule, mp.format_rule, mp.format_penalty) for ep in episodes]
+            # 2. memory rewards (batched teacher-forced answer probabilities)
+            mem_r = None
+            turns_flat = [(ep, t) for ep in episodes for t in ep.turns]
+            if tp.lambda_mem != 0 or tp.log_memory_reward:
+                full_prompts: list[str | None] = [None] * len(turns_flat)
+                if mp.eps == "full_context":
+                    from mempo.agent.format import ANSWER_PROBE_PREFIX, render_prompt
+                    from mempo.agent.rollout import full_context_messages
+
+                    full_prompts = [render_prompt(tok, full_context_messages(ep, t.turn_index + 1),
+                                                  ANSWER_PROBE_PREFIX) for ep, t in turns_flat]
+                mturns = [MemoryTurn(ep.episode_id, t.turn_index, ep.question, t.memory, ep.golden_answers[0],
+                                     fp) for (ep, t), fp in zip(turns_flat, full_prompts, strict=True)]
+                with torch.no_grad():
+                    mem_r = memory_reward(model, tok, mturns, mp.eps, mp.form, mp.probe_batch_size)
+            t2 = time.perf_counter()
+            # 3. advantages
+            samples, adv = build_turn_samples(episodes, groups, rewards, mem_r, tp.lambda_mem, mp)
+            # 4. update
+            upd: dict[str, float] = {}
+            if samples:
+                if ref_model is not None:
+                    fill_logprobs(ref_model, samples, pad_id, temperature, "ref_logp", tp.micro_batch_size,
+                                  tp.token_budget, device)
+                if tp.update_epochs > 1 or tp.num_minibatches > 1:
+                    fill_logprobs(model, samples, pad_id, temperature, "old_logp", tp.micro_batch_size,
+                                  tp.token_budget, device)
+                model.train()
+                upd = update_policy(model, opt, samples, pad_id, tp, temperature, device)
+                sched.step()
+            t3 = time.perf_counter()
+            state.step += 1
+            row: dict[str, float] = {"step": state.step}
+            row.update(episode_metrics(episodes, rewards, mp.multi_rule))
+            row.update(upd)
+            row["lr"] = sched.get_last_lr()[0]
+            row["adv_T_abs_mean"] = float(adv["A_T"].abs().mean()) if len(adv["A_T"]) else 0.0
+            row["groups_with_signal"] = _mean([
+                float(_std([r for r, g in zip(rewards, groups, strict=True) if g == gid]) > 0)
+                for gid in dict.fromkeys(groups)])
+            if mem_r is not None and len(mem_r):
+                row["mem_reward_mean"] = float(mem_r.mean())
+                by_turn: dict[int, list[float]] = defaultdict(list)
+                for (_, t), r in zip(turns_flat, mem_r.tolist(), strict=True):
+                    by_turn[t.turn_index].append(r)
+                for ti, vals in sorted(by_turn.items()):
+                    row[f"mem_reward_turn_{ti}"] = _mean(vals)
+            row.update({"time_rollout": t1 - t0, "time_mem_scoring": t2 - t1, "time_update": t3 - t2,
+                        "time_step": t3 - t0})
+            row["mem_scoring_share"] = row["time_mem_scoring"] / max(row["time_step"], 1e-9)
+            if tp.val_every and val_tasks and (state.step % tp.val_every == 0 or state.step == tp.steps):
+                vm = evaluate_tasks(model, tok, val_tasks, val_setup, tp.generation_batch_size, mp.multi_rule)
+                row.update({f"val_{k}": v for k, v in vm.items() if k in ("em", "f1", "format_valid", "turns")})
+            state.history.append(row)
+            log_metrics({k: v for k, v in row.items() if k != "step"}, step=state.step, prefix="train")
+            bar.update(1)
+            bar.set_postfix(R=f"{row['reward_mean']:.2f}", em=f"{row['em']:.2f}", kl=f"{row.get('kl', 0):.3f}",
+                            t=f"{row['time_step']:.1f}s")
+            log.info("step %d: reward %.3f em %.3f f1 %.3f valid %.2f kl %.4f ent %.3f clip %.3f "
+                     "turns %.2f prompt/turn %.0f | rollout %.1fs mem %.2fs update %.1fs",
+                     state.step, row["reward_mean"], row["em"], row["f1"], row["format_valid"],
+                     row.get("kl", 0.0), row.get("entropy", 0.0), row.get("clip_frac", 0.0), row["turns"],
+                     row["prompt_tokens_per_turn"], row["time_rollout"], row["time_mem_scoring"],
+                     row["time_update"])
+            if state.step % tp.checkpoint_every == 0 and state.step < tp.steps:
+                state.data_position = {"next_step": state.step, "tasks_seen": state.step * tp.batch_questions}
+                save_checkpoint(ckpt_root, model, opt, sched, state, keep_last=tp.keep_checkpoints)
+        bar.close()
+
+    hist = state.history
+    total_step = sum(r["time_step"] for r in hist)
+    metrics: dict[str, Any] = {
+        "steps": state.step,
+        "lambda_mem": tp.lambda_mem,
+        "train_seconds": time.perf_counter() - t_run,
+        "final_reward_mean": _mean([r["reward_mean"] for r in hist[-max(1, len(hist) // 4):]]),
+        "final_em": _mean([r["em"] for r in hist[-max(1, len(hist) // 4):]]),
+        "mean_time_step": total_step / max(len(hist), 1),
+        "mean_time_rollout": _mean([r["time_rollout"] for r in hist]),
+        "mean_time_mem_scoring": _mean([r["time_mem_scoring"] for r in hist]),
+        "mean_time_update": _mean([r["time_update"] for r in hist]),
+        "mem_scoring_share": sum(r["time_mem_scoring"] for r in hist) / max(total_step, 1e-9),
+        "prompt_tokens_per_turn": _mean([r["prompt_tokens_per_turn"] for r in hist]),
+    }
+    vals = [r for r in hist if "val_em" in r]
+    if vals:
+        metrics["val_em"] = vals[-1]["val_em"]
+        metrics["val_f1"] = vals[-1]["val_f1"]
+    save_policy(model, tok, out / "model", {"kind": "grpo", "base": str(tp.policy), "steps": state.step,
+                                            "lambda_mem": tp.lambda_mem})
+    write_json(out / "metrics.json", metrics)
+    write_jsonl(out / "history.jsonl", hist)
+    plots = out / "plots"
+    plot_curves(hist, ["reward_mean", "em", "format_valid"] + (["val_em"] if vals else []),
+                plots / "train_reward.png", title=f"GRPO (lambda_mem={tp.lambda_mem})")
+    plot_curves(hist, ["kl", "entropy", "clip_frac"], plots / "train_policy.png", title="policy statistics")
+    plot_curves(hist, ["time_rollout", "time_mem_scoring", "time_update"], plots / "train_time.png",
+                title="step time (s)")
+    log_metrics(metrics, prefix="train_final")
+    log_json(out / "metrics.json")
+    log_plot(plots)
+    log_file(out / "model", artifact_path="model")
+    return metrics
