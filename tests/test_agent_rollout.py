@@ -226,3 +226,26 @@ def test_openai_generator_matches_hf_over_http(tiny_policy):
     assert all(isinstance(r, Generation) for r in remote)
     assert remote[0].token_ids == local[0].token_ids and remote[1].text == local[0].text
     assert remote[0].logprobs == pytest.approx(local[0].logprobs, abs=1e-4)
+
+
+def test_memory_reward_on_teacher_episodes(world, tiny_policy):
+    from mempo.advantage import MemoryTurn, answer_probability, memory_reward
+    from mempo.agent.format import ANSWER_PROBE_PREFIX, answer_continuation
+
+    model, tok = tiny_policy
+    _, retriever, items = world
+    ep = run_episodes([next(i for i in items if i.metadata["hops"] == 2)], ScriptedTeacher(tok),
+                      ToolEnv(retriever, tok), tok, progress=False)[0]
+    full_prompts = [render_prompt(tok, full_context_messages(ep, t.turn_index), ANSWER_PROBE_PREFIX)
+                    for t in ep.turns]
+    turns = [MemoryTurn(ep.episode_id, t.turn_index, ep.question, t.memory, ep.golden_answers[0], fp)
+             for t, fp in zip(ep.turns, full_prompts, strict=True)]
+    r_prev = memory_reward(model, tok, turns, eps="previous")
+    r_full = memory_reward(model, tok, turns, eps="full_context", form="logprob")
+    assert r_prev.shape == r_full.shape == (ep.num_turns,)
+    gold = [answer_continuation(ep.golden_answers[0])] * ep.num_turns
+    p_full = answer_probability(model, tok, full_prompts, gold).mean_logprob
+    p_mem = memory_reward(model, tok, turns, eps="none", form="logprob")
+    assert torch.allclose(r_full, p_mem - p_full, atol=1e-5)
+    # at turn 0 the full history is the question alone, and the memory prompt adds only a memory
+    assert "Question:" in full_prompts[0] and "<mem>" not in full_prompts[0].split("Question:")[-1]
