@@ -503,6 +503,18 @@ def gate_from_params(p: Any) -> GateConfig:
     return GateConfig(**d)
 
 
+def read_registered(path: str | Path) -> tuple[str, str]:
+    """(name, version) from a registered.json written by `register_model`."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError("registered.json not found (run `mempo register` first)", path=p)
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+        return str(d["name"]), str(d["version"])
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise DataError(f"not a registered.json ({type(e).__name__}: {e})", path=p) from e
+
+
 def parse_data_args(items: Sequence[str]) -> dict[str, str]:
     """`["train=outputs/data", ...]` -> `{"train": "outputs/data"}`; a bad item is a MempoError."""
     out: dict[str, str] = {}

@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     pro = add_subparser(sub, "promote", "gate the newest version (@challenger) against @champion")
     pro.add_argument("--model", default=None, help="registered model name (params: register.model_name)")
     pro.add_argument("--version", default=None, help="version to gate (default: the newest)")
+    pro.add_argument("--registered", default=None, metavar="FILE",
+                     help="registered.json written by `mempo register`: gate exactly that name and version")
     pro.add_argument("--primary-metric", default=None, help="params: promote.primary_metric")
     pro.add_argument("--min-gain", type=float, default=None, help="params: promote.min_gain")
     pro.add_argument("--tolerance", type=float, default=None, help="params: promote.tolerance")
@@ -58,7 +60,7 @@ def _register(args: argparse.Namespace) -> int:
 def _promote(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from mempo.registry import gate_from_params, promote
+    from mempo.registry import gate_from_params, promote, read_registered
 
     params = params_from(args, {
         "register.model_name": args.model, "promote.primary_metric": args.primary_metric,
@@ -66,8 +68,11 @@ def _promote(args: argparse.Namespace) -> int:
         "promote.out": args.out,
     })
     p = params.promote
+    name, version = params.registration.model_name, args.version
+    if args.registered:
+        name, version = read_registered(args.registered)
     decision = promote(
-        params.registration.model_name, gate_from_params(p), version=args.version,
+        name, gate_from_params(p), version=version,
         out=Path(p.out) / "decision.json", lock_wait_s=p.lock_wait_s,
     )
     print(json.dumps({"promoted": decision.promoted, "challenger_version": decision.challenger_version,
