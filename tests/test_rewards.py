@@ -96,3 +96,14 @@ def test_scores_are_bounded_and_compute_score_never_raises(text, golds):
         assert 0.0 <= f(text, golds) <= 1.0
     assert compute_score("x", text, golds) in (0.0, 1.0)
     assert exact_match(text, [text]) == 1.0
+
+
+def test_compute_score_with_verl_parquet_values():
+    # verl hands parquet columns over as numpy arrays; objectives come from extra_info
+    import numpy as np
+
+    extra = {"objectives": [{"golden_answers": np.array(["Paris", "City of Paris"])},
+                            {"golden_answers": np.array(["1900"])}]}
+    text = "<mem> m </mem> <answer> city of paris; 1900 </answer>"
+    assert compute_score("world", text, {"target": np.array(["Paris; 1900"])}, extra) == 1.0
+    assert compute_score("world", text, {"target": np.array(["Paris; 1900"])}) == 0.0  # no aliases known
