@@ -2,9 +2,9 @@
 
 The tool talks to `mempo serve retriever` (Search-R1 contract: POST /retrieve
 `{queries, topk, return_scores}` -> `{result: [[{document: {id, contents}, score}]]}`)
-through `mempo.retrieval.open_retriever(url)`, and formats results with the agent's own
-`ToolEnv` (`<information> Doc 1(Title: ...) ... </information>`), so observations are the
-same text the local trainer and the evaluation show the model.
+through `mempo.retrieval.open_retriever(url)` (the project's HTTP client), and formats
+results with the agent's own `ToolEnv` (`<information> Doc 1(Title: ...) ... </information>`),
+so observations are the same text the local trainer and the evaluation show the model.
 
 Declared in `configs/verl/retrieval_tool.yaml` (verl's tool-config format) and loaded by
 verl once per agent-loop worker; `MemAgentLoop` calls it directly for each action:
@@ -62,8 +62,10 @@ class RetrievalToolConfig:
     """The tool's `config:` block in the tool YAML (besides verl's `type: native`).
 
     Attributes:
-        retrieval_url: base URL of `mempo serve retriever` (binds 127.0.0.1 by default; on a
-            cluster, the service's address reachable from every node).
+        retriever: base URL of `mempo serve retriever` (binds 127.0.0.1 by default; on a
+            cluster, the service's address reachable from every node). Anything else
+            `mempo.retrieval.open_retriever` accepts (an index folder, a corpus .jsonl) loads
+            the retriever in the worker process instead (single-node runs, tests).
         topk: passages per search.
         timeout_s: seconds one search / access may take before it counts as failed.
         max_requests_per_s: sustained request rate per agent-loop worker (token bucket).
@@ -74,7 +76,7 @@ class RetrievalToolConfig:
         short_text_chars: characters kept per chunk once the access is no longer the last turn.
     """
 
-    retrieval_url: str = "http://127.0.0.1:8013"
+    retriever: str = "http://127.0.0.1:8013"
     topk: int = 3
     timeout_s: float = 10.0
     max_requests_per_s: float = 100.0
@@ -153,7 +155,8 @@ class RetrievalTool(BaseTool):
             from mempo.retrieval import open_retriever
 
             s = self.settings
-            retriever = open_retriever(s.retrieval_url, timeout_s=s.timeout_s)
+            is_http = s.retriever.startswith(("http://", "https://"))
+            retriever = open_retriever(s.retriever, **({"timeout_s": s.timeout_s} if is_http else {}))
             self._env = ToolEnv(retriever, self._tokenizer, ToolConfig(
                 topk=s.topk, observation_max_tokens=s.observation_max_tokens,
                 access_chunk_chars=s.access_chunk_chars, short_text_chars=s.short_text_chars))
