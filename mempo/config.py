@@ -167,7 +167,10 @@ class ValidateBounds(Section):
     prompt_max_chars: int = Field(40_000, ge=1)
     eval_rate_metrics: list[str] = Field(
         default_factory=lambda: ["em", "f1", "substring_em", "format_valid", "all_correct",
-                                 "objective_em"])
+                                 "objective_em", "truncated", "hit_turn_limit", "memory_probe"])
+    eval_count_metrics: list[str] = Field(
+        default_factory=lambda: ["turns", "searches", "peak_prompt_tokens", "total_prompt_tokens",
+                                 "generated_tokens", "latency_s", "n"])
     eval_key_columns: list[str] = Field(default_factory=lambda: ["agent", "benchmark", "id"])
 
 

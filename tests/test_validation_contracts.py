@@ -166,11 +166,13 @@ def test_prepared_contract_catches_schema_agent_and_leakage(
 def test_eval_contract_checks_ranges_and_one_row_per_question(tmp_path: Path) -> None:
     samples = pd.DataFrame({
         "agent": ["memory", "memory", "memory"], "benchmark": ["world"] * 3,
-        "id": ["a", "b", "b"], "em": [1.0, 0.0, 1.5], "f1": [1.0, 0.2, 0.9],
+        "id": ["a", "b", "b"], "em": [1.0, 0.0, 1.5], "f1": [1.0, 0.2, 0.9], "turns": [2, -1, 3],
     })
     samples.to_parquet(tmp_path / "samples.parquet")
     (tmp_path / "metrics.json").write_text(json.dumps({"memory/world/em": 0.5, "memory/world/f1": math.inf,
-                                                       "memory/world/turns": 3.0}).replace("Infinity", "NaN"))
+                                                       "memory/world/turns": 3.0,
+                                                       "memory/world/peak_prompt_tokens_max": -4,
+                                                       }).replace("Infinity", "NaN"))
     with pytest.raises(ValidationFailed) as info:
         validate_data("eval", tmp_path, ValidateParams(out=str(tmp_path / "v")))
     failed = {o.description: o for o in info.value.report.failed}  # type: ignore[attr-defined]
@@ -178,6 +180,8 @@ def test_eval_contract_checks_ranges_and_one_row_per_question(tmp_path: Path) ->
     assert failed["one row per agent x benchmark x id"].unexpected_count == 2
     assert failed["every metric is a finite number"].sample_rows[0]["key"] == "memory/world/f1"
     assert "f1 is in [0, 1]" not in failed
+    assert failed["turns is not negative"].sample_rows[0]["line"] == 2
+    assert failed["count metrics are not negative"].sample_rows[0]["key"] == "memory/world/peak_prompt_tokens_max"
 
 
 def test_cli_exits_3_on_a_failed_contract_and_0_on_a_clean_one(tiny_world: Path, tmp_path: Path,

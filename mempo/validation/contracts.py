@@ -14,7 +14,8 @@ A contract is one or more batches, each a suite over a stream of diagnostic fram
   list; `extra_info` has index, id, split, question, k and k objectives with answers;
   `agent_name` is `mem_agent`; no objective's question is in an evaluation set; ids unique.
 - `eval`: per-sample outputs have their key columns, one row per key, rate metrics in
-  [0, 1]; `metrics.json` values are finite and its rate metrics in [0, 1].
+  [0, 1], counts (turns, tokens, latency) not negative; `metrics.json` values are finite,
+  its rates in [0, 1] and its counts not negative.
 
     contract = build_contract("qa", "outputs/world/qa/train.jsonl", params.validation)
 """
@@ -253,21 +254,25 @@ def eval_contract(path: str | Path, params: ValidateParams) -> Contract:
             raise DataError("file not found", path=path)
         samples, metrics = path, path.parent / "metrics.json"
     keys = list(b.eval_key_columns)
-    sample_df = fr.eval_samples_frame(samples, keys, b.eval_rate_metrics)
+    sample_df = fr.eval_samples_frame(samples, keys, [*b.eval_rate_metrics, *b.eval_count_metrics])
     checks = [Check("ExpectTableRowCountToBeBetween", "at least one evaluated sample", {"min_value": 1})]
     checks += [_col("ExpectColumnValuesToNotBeNull", c, f"every sample has its {c}") for c in keys]
     checks.append(Check("ExpectCompoundColumnsToBeUnique", "one row per " + " x ".join(keys),
                         {"column_list": keys}))
     checks += [_col("ExpectColumnValuesToBeBetween", m, f"{m} is in [0, 1]", min_value=0.0, max_value=1.0)
                for m in b.eval_rate_metrics if m in sample_df.columns]
+    checks += [_col("ExpectColumnValuesToBeBetween", m, f"{m} is not negative", min_value=0.0)
+               for m in b.eval_count_metrics if m in sample_df.columns]
     batches = [BatchSpec("samples", checks, lambda: [sample_df], ["line", *keys])]
     if metrics.exists():
-        metrics_df = fr.eval_metrics_frame(metrics, b.eval_rate_metrics)
+        metrics_df = fr.eval_metrics_frame(metrics, b.eval_rate_metrics, b.eval_count_metrics)
         batches.append(BatchSpec(
             "metrics",
             [_true("value_ok", "every metric is a finite number"),
              _col("ExpectColumnValuesToBeBetween", "rate_value", "rate metrics are in [0, 1]",
-                  min_value=0.0, max_value=1.0)],
+                  min_value=0.0, max_value=1.0),
+             _col("ExpectColumnValuesToBeBetween", "count_value", "count metrics are not negative",
+                  min_value=0.0)],
             lambda: [metrics_df], ["key"],
         ))
     return Contract("eval", samples, batches, rows_read=lambda: len(sample_df))

@@ -325,7 +325,9 @@ def prepared_frames(
 
 # ------------------------------------------------------------------------------- eval outputs
 
-def eval_samples_frame(path: str | Path, key_columns: Sequence[str], rate_metrics: Sequence[str]) -> pd.DataFrame:
+def eval_samples_frame(
+    path: str | Path, key_columns: Sequence[str], metrics: Sequence[str]
+) -> pd.DataFrame:
     """The per-sample eval table (`samples.parquet` or `.jsonl`) with a 1-based `line` column.
 
     Only the key columns and the rate metrics that exist are kept; a missing key column is
@@ -339,14 +341,17 @@ def eval_samples_frame(path: str | Path, key_columns: Sequence[str], rate_metric
     out = pd.DataFrame({"line": pd.array(range(1, len(df) + 1), dtype="Int64")})
     for c in key_columns:
         out[c] = df[c].astype("string") if c in df.columns else pd.array([None] * len(df), dtype="string")
-    for m in rate_metrics:
+    for m in metrics:
         if m in df.columns:
             out[m] = pd.to_numeric(df[m], errors="coerce").astype("Float64")
     return out
 
 
-def eval_metrics_frame(path: str | Path, rate_metrics: Sequence[str]) -> pd.DataFrame:
-    """`metrics.json` (flat `{"agent/benchmark/metric": number}`) as rows `key`, `value`, `is_rate`.
+def eval_metrics_frame(
+    path: str | Path, rate_metrics: Sequence[str], count_metrics: Sequence[str] = ()
+) -> pd.DataFrame:
+    """`metrics.json` (flat `{"agent/benchmark/metric": number}`) as rows `key`, `value`,
+    `rate_value` (the value when the metric is a rate) and `count_value` (when it is a count).
 
     Values that are not finite numbers become null (`value_ok` False) so they are reported.
     """
@@ -360,18 +365,22 @@ def eval_metrics_frame(path: str | Path, rate_metrics: Sequence[str]) -> pd.Data
         from mempo.errors import DataError
 
         raise DataError("metrics must be a flat JSON object", path=path)
-    keys, values, ok, is_rate = [], [], [], []
+    keys, values, ok, is_rate, is_count = [], [], [], [], []
     for k, v in data.items():
         num = v if isinstance(v, int | float) and not isinstance(v, bool) else None
         finite = num is not None and math.isfinite(num)
         keys.append(str(k))
         values.append(float(num) if finite else None)
         ok.append(finite)
-        is_rate.append(str(k).rsplit("/", 1)[-1] in rate_metrics)
+        name = str(k).rsplit("/", 1)[-1]
+        is_rate.append(name in rate_metrics)
+        is_count.append(name in count_metrics or name.endswith("_max") and name[:-4] in count_metrics)
     return pd.DataFrame({
         "key": pd.array(keys, dtype="string"),
         "value": pd.array(values, dtype="Float64"),
         "value_ok": pd.array(ok, dtype="boolean"),
         "rate_value": pd.array([v if r else None for v, r in zip(values, is_rate, strict=True)],
                                dtype="Float64"),
+        "count_value": pd.array([v if c else None for v, c in zip(values, is_count, strict=True)],
+                                dtype="Float64"),
     })
