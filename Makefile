@@ -45,6 +45,9 @@ bench-quick: setup ## run the benchmarks with --quick
 lint: setup ## ruff check
 	$(BIN)/ruff check $(LINT_PATHS)
 
+compile: setup ## regenerate the Kubeflow pipeline YAML (pipelines/*.yaml) from components/ + pipelines/
+	$(BIN)/python -m pipelines.mempo_pipeline
+
 format: setup ## ruff format + autofix
 	$(BIN)/ruff check --fix $(LINT_PATHS)
 	$(BIN)/ruff format $(LINT_PATHS)

@@ -1,0 +1,34 @@
+"""KFP component: register the trained policy as an MLflow model version with its evidence."""
+
+from kfp import dsl
+from kfp.dsl import Artifact, Dataset, Input, Model
+
+from components.images import BASE_IMAGE
+
+
+@dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)
+def register_op(
+    params_file: str,
+    overrides: dict,
+    mlflow_uri: str,
+    parent_run_id: str,
+    trained: Input[Model],
+    evaluation: Input[Artifact],
+    data: Input[Dataset],
+) -> str:
+    """Creates the model version; returns its `models:/NAME/VERSION` URI."""
+    import os
+
+    from mempo.config import load_params
+    from mempo.registry import register_model
+
+    if mlflow_uri:
+        os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
+    if parent_run_id:
+        os.environ["MEMPO_PARENT_RUN_ID"] = parent_run_id
+    p = load_params(params_file, overrides=overrides).registration
+    result = register_model(
+        p.model_name, os.path.join(trained.path, "model"), os.path.join(evaluation.path, "metrics.json"),
+        data={"train_data": data.path}, params=p,
+    )
+    return result.model_uri

@@ -1,0 +1,40 @@
+"""KFP component: the SFT cold start on the scripted teacher's memory-format trajectories."""
+
+from kfp import dsl
+from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
+
+from components.images import TRAIN_IMAGE
+
+
+@dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
+def sft_op(
+    params_file: str,
+    overrides: dict,
+    retriever_url: str,
+    mlflow_uri: str,
+    parent_run_id: str,
+    policy: Input[Model],
+    world: Input[Dataset],
+    index: Input[Artifact],
+    sft: Output[Model],
+    metrics: Output[Metrics],
+) -> None:
+    """Writes `sft/model` (HF folder) and its curves; retrieves through `retriever_url` if set,
+    else in process from the index artifact."""
+    import os
+
+    from mempo.config import load_params
+    from mempo.training.sft import run_sft
+
+    if mlflow_uri:
+        os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
+    if parent_run_id:
+        os.environ["MEMPO_PARENT_RUN_ID"] = parent_run_id
+    params = load_params(params_file, overrides={
+        **overrides, "sft.policy": policy.path, "sft.world": world.path,
+        "sft.retriever": retriever_url or index.path, "sft.out": sft.path,
+    })
+    result = run_sft(params)
+    for k, v in result.items():
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            metrics.log_metric(k, float(v))

@@ -1,0 +1,1 @@
+"""Kubeflow pipelines composed from components/ (compiled YAML beside each)."""
