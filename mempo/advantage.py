@@ -150,11 +150,13 @@ def answer_probability(
         if padding_side == "left":
             keep = max(len(a) for a in a_ids) + 1
             kwargs["logits_to_keep"] = keep
+        inputs = dict(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                      position_ids=position_ids.to(device))
         with torch.no_grad():
-            logits = model(
-                input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                position_ids=position_ids.to(device), **kwargs,
-            ).logits
+            try:
+                logits = model(**inputs, **kwargs).logits
+            except TypeError:  # architectures without `logits_to_keep`: compute all positions
+                logits = model(**inputs).logits
         logits = logits[:, -keep:].float()
         base = width - keep  # sequence index of logits[:, 0]
         for r in range(b):
