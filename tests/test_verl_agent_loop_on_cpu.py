@@ -1,0 +1,175 @@
+"""`mem_agent` on CPU: verl instantiates it from its registry, a fake server manager plays
+scripted turns with the tiny tokenizer, the retrieval BaseTool searches the tiny world for
+real, and each turn's output has the flat prompt, the response mask and the mem mask."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from verl_cpu_helpers import ScriptedServer, compose_mempo_config, tiny_policy  # noqa: F401
+
+from mempo.agent.context import MemoryContext
+from mempo.agent.format import build_messages, invalid_turn_observation, parse_turn, render_prompt
+
+
+def _first_question(world: Path) -> dict:
+    with open(world / "qa" / "train.jsonl", encoding="utf-8") as f:
+        return json.loads(f.readline())
+
+
+def _make_loop(tiny_policy: Path, world: Path, server: ScriptedServer, max_turns: int = 4, **mempo):  # noqa: F811
+    """Build the agent loop the way verl's AgentLoopWorker does (hydra.instantiate on the registry)."""
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import (
+        DictConfigWrap,
+        ToolListWrap,
+        _agent_loop_registry,
+    )
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from mempo.verl_plugin.tool import RetrievalTool
+
+    overrides = [f"actor_rollout_ref.model.path={tiny_policy}", "data.train_files=x", "data.val_files=y",
+                 f"mempo.max_turns={max_turns}", "mempo.max_new_tokens=64",
+                 "data.max_prompt_length=1024", "data.max_response_length=96"]
+    overrides += [f"mempo.{k}={v}" for k, v in mempo.items()]
+    cfg = compose_mempo_config(overrides)
+    tool = RetrievalTool({"type": "native", "retriever": str(world / "corpus.jsonl"), "topk": 2,
+                          "observation_max_tokens": 64})
+    return hydra.utils.instantiate(
+        config=_agent_loop_registry["mem_agent"],
+        trainer_config=DictConfigWrap(config=cfg), server_manager=server, tokenizer=server.tokenizer,
+        processor=None, hf_model_type="qwen2", dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([tool]),
+    )
+
+
+@pytest.fixture(scope="module")
+def episode(tiny_policy, tiny_world):  # noqa: F811
+    """One scripted 4-turn episode: search, an invalid turn, access, answer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy).eval()
+    qa = _first_question(tiny_world)
+    subject = qa["metadata"]["subjects"][0]
+    hop = qa["metadata"]["chain"][0]
+    answer = qa["golden_answers"][0]
+    turns = [
+        f"<mem> nothing found yet </mem> <think> find {subject} </think> <search> {subject} born </search>",
+        "<think> forgot my memory </think> <search> nowhere </search>",
+        f"<mem> {subject} was born in {hop['value']} </mem> <think> read it </think> <access> {hop['value']} </access>",
+        f"<mem> the mayor of {hop['value']} is {answer} </mem> <think> done </think> <answer> {answer} </answer>",
+    ]
+    # junk after each stop string must be cut off, exactly as SGLang stops at </search>
+    server = ScriptedServer(tok, turns, model=model, trailing=" trailing junk")
+    loop = _make_loop(tiny_policy, tiny_world, server)
+    kwargs = {"raw_prompt": build_messages(qa["question"]), "extra_info": {"question": qa["question"]},
+              "reward_model": {"ground_truth": qa["golden_answers"], "style": "rule"}}
+    outputs = asyncio.run(loop.run({"temperature": 1.0, "top_p": 1.0, "logprobs": True}, **kwargs))
+    return {"outputs": outputs, "server": server, "tok": tok, "model": model, "qa": qa, "turns": turns}
+
+
+def test_one_output_per_turn_with_masks(episode):
+    outs, tok, turns = episode["outputs"], episode["tok"], episode["turns"]
+    assert len(outs) == 4
+    for t, out in enumerate(outs):
+        text = tok.decode(out.response_ids, skip_special_tokens=True)
+        assert text == turns[t]  # the junk after the stop string is gone
+        assert out.response_mask == [1] * len(out.response_ids)  # no tool tokens inside a turn
+        assert out.response_logprobs == [-0.5] * len(out.response_ids)
+        assert out.extra_fields["turn_index"] == t
+        assert out.extra_fields["global_steps"] == 3  # the server's fields are kept (staleness tags)
+        mask = out.extra_fields["mem_mask"]
+        assert len(mask) == len(out.response_ids)
+        memory = parse_turn(turns[t]).mem
+        if memory is None:
+            assert sum(mask) == 0 and out.extra_fields["memory"] == ""
+        else:
+            masked = tok.decode([i for i, m in zip(out.response_ids, mask, strict=True) if m],
+                                skip_special_tokens=True)
+            assert memory in masked and "think" not in masked
+            assert out.extra_fields["memory"] == memory
+    assert [o.extra_fields["turn_valid"] for o in outs] == [True, False, True, True]
+    assert outs[-1].extra_fields["mempo_turn_texts"] == turns
+    assert all("mempo_turn_texts" not in o.extra_fields for o in outs[:-1])
+
+
+def test_prompts_hold_only_question_last_memory_and_last_result(episode):
+    outs, tok, turns, qa = episode["outputs"], episode["tok"], episode["turns"], episode["qa"]
+    calls = episode["server"].calls
+    assert len(calls) == 4
+    prompts = [tok.decode(c["prompt_ids"], skip_special_tokens=False) for c in calls]
+    assert prompts[0] == render_prompt(tok, build_messages(qa["question"]))
+    for t in range(4):
+        assert calls[t]["prompt_ids"] == outs[t].prompt_ids
+        assert qa["question"] in prompts[t]
+        assert calls[t]["sampling_params"]["stop"] == ["</search>", "</answer>", "</access>"]
+        assert calls[t]["sampling_params"]["max_tokens"] == 64
+    # turn 1 sees turn 0's memory and search with its retrieved passages
+    assert "nothing found yet" in prompts[1] and "<information>" in prompts[1]
+    assert "Doc 1(Title:" in prompts[1]
+    # turn 2 follows the invalid turn: empty memory, the corrective observation, nothing of turn 0
+    assert "not in the required format" in prompts[2]
+    assert "nothing found yet" not in prompts[2] and "Doc 1(Title:" not in prompts[2]
+    # turn 3 sees turn 2's memory and access result only
+    born = parse_turn(turns[2]).mem
+    assert born in prompts[3] and "[chunk 1/" in prompts[3]
+    assert "forgot my memory" not in prompts[3] and "nothing found yet" not in prompts[3]
+    # the prompt is exactly MemoryContext's rendering (the local trainer's builder)
+    ctx = MemoryContext(qa["question"])
+    invalid = parse_turn(turns[1])
+    ctx.record_turn(turns[1], invalid, invalid_turn_observation(invalid.error))
+    assert prompts[2] == render_prompt(tok, ctx.messages())
+
+
+def test_memory_scores_match_actor_answer_probability(episode):
+    from mempo.advantage import answer_probability
+    from mempo.agent.format import ANSWER_PROBE_PREFIX, answer_continuation, answer_probe_messages
+
+    outs, tok, model, qa, turns = (episode[k] for k in ("outputs", "tok", "model", "qa", "turns"))
+    prompts = [render_prompt(tok, answer_probe_messages(qa["question"], parse_turn(t).mem), ANSWER_PROBE_PREFIX)
+               for t in turns]
+    expected = answer_probability(model, tok, prompts, [answer_continuation(qa["golden_answers"][0])] * 4)
+    got = torch.tensor([o.extra_fields["mem_prob"] for o in outs])
+    torch.testing.assert_close(got, expected.prob, atol=1e-5, rtol=1e-4)
+    assert [o.extra_fields["mem_logprob"] for o in outs] == pytest.approx(expected.mean_logprob.tolist(), abs=1e-4)
+    assert len(episode["server"].probe_calls) == 4
+
+
+def test_turn_limit_cuts_the_episode_and_lambda_zero_skips_probes(tiny_policy, tiny_world):  # noqa: F811
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    qa = _first_question(tiny_world)
+    turns = [f"<mem> m{t} </mem> <search> q{t} </search>" for t in range(5)]
+    server = ScriptedServer(tok, turns)
+    loop = _make_loop(tiny_policy, tiny_world, server, max_turns=2, lambda_mem=0)
+    outs = asyncio.run(loop.run({"temperature": 1.0}, raw_prompt=build_messages(qa["question"]),
+                                reward_model={"ground_truth": qa["golden_answers"]}))
+    assert len(outs) == 2 and len(server.calls) == 2
+    assert server.probe_calls == [] and all(o.extra_fields["mem_prob"] == 0.0 for o in outs)
+    # the question came from the prompt itself (no extra_info)
+    assert qa["question"] in tok.decode(outs[0].prompt_ids)
+
+
+def test_full_context_baseline_adds_full_history_probes(tiny_policy, tiny_world):  # noqa: F811
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy).eval()
+    qa = _first_question(tiny_world)
+    turns = ["<mem> a </mem> <search> x </search>", f"<mem> b </mem> <answer> {qa['golden_answers'][0]} </answer>"]
+    server = ScriptedServer(tok, turns, model=model)
+    loop = _make_loop(tiny_policy, tiny_world, server, eps="full_context")
+    outs = asyncio.run(loop.run({}, raw_prompt=build_messages(qa["question"]),
+                                extra_info={"question": qa["question"]},
+                                reward_model={"ground_truth": qa["golden_answers"]}))
+    assert len(outs) == 2 and len(server.probe_calls) == 4
+    assert all(0.0 < o.extra_fields["full_prob"] < 1.0 for o in outs)
+    # the full-history probe of turn 1 is longer than its memory-only probe
+    assert len(server.probe_calls[3]) > len(server.probe_calls[1])
