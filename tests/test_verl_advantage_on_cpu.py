@@ -11,13 +11,7 @@ import pytest
 import torch
 from verl_cpu_helpers import ScriptedServer, tiny_policy  # noqa: F401
 
-from mempo.advantage import (
-    answer_probability,
-    combine,
-    grpo_outcome_advantage,
-    memory_advantage,
-    memory_reward_from_scores,
-)
+from mempo.advantage import answer_probability, memory_reward_from_scores
 from mempo.verl_plugin.advantage import (
     MempoAdvantageConfig,
     mem_tensors_from_extra_fields,
@@ -44,23 +38,36 @@ def _episodes(seed: int = 0) -> list[dict]:
 
 
 def _local_advantages(eps, cfg: MempoAdvantageConfig) -> dict[tuple[str, int, int], torch.Tensor]:
-    """The local trainer's computation: core functions over episodes and turn records."""
-    a_t = grpo_outcome_advantage([e["R"] for e in eps], [e["uid"] for e in eps], cfg.norm_by_std, cfg.adv_eps)
+    """The local trainer's advantages for the same rollouts: its R^M (core
+    `memory_reward_from_scores`, which `memory_reward` applies to the probe scores) and its
+    `mempo.training.grpo.build_turn_samples`."""
+    from mempo.agent.rollout import Episode, TurnRecord
+    from mempo.config import MempoParams
+    from mempo.training.grpo import build_turn_samples
+
+    episodes = []
+    for e in eps:
+        ep = Episode(episode_id=f"{e['uid']}#{e['session']}", item_id=e["uid"], question="q",
+                     golden_answers=["a"], objectives=[["a"]], context="memory")
+        for t, turn in enumerate(e["turns"]):
+            mask = [1 if turn["mem"][0] <= j < turn["mem"][1] else 0 for j in range(turn["length"])]
+            ep.turns.append(TurnRecord(
+                turn_index=t, prompt_ids=[1], response_ids=list(range(turn["length"])),
+                response_mask=[1] * turn["length"], mem_mask=mask, memory="m", prompt_length=1,
+                response_text="", action=None, argument=None, valid=True, error=""))
+        episodes.append(ep)
     records = [(i, t) for i, e in enumerate(eps) for t in range(len(e["turns"]))]
     scores = [eps[i]["turns"][t]["score"] for i, t in records]
     full = [eps[i]["turns"][t]["full"] for i, t in records]
-    r_m = memory_reward_from_scores(scores, [i for i, _ in records], [t for _, t in records], cfg.eps,
-                                    full if cfg.eps == "full_context" else None)
-    a_m = memory_advantage(r_m, [eps[i]["uid"] for i, _ in records], [t for _, t in records],
-                           cfg.norm_by_std, cfg.mem_adv_group, cfg.adv_eps)
-    mem_mask = torch.zeros(len(records), WIDTH)
-    resp_mask = torch.zeros(len(records), WIDTH)
-    for k, (i, t) in enumerate(records):
-        turn = eps[i]["turns"][t]
-        mem_mask[k, turn["mem"][0]:turn["mem"][1]] = 1
-        resp_mask[k, :turn["length"]] = 1
-    adv = combine(a_t[[i for i, _ in records]], a_m, mem_mask, cfg.lambda_mem, resp_mask)
-    return {(eps[i]["uid"], eps[i]["session"], t): adv[k] for k, (i, t) in enumerate(records)}
+    r_m = memory_reward_from_scores(scores, [episodes[i].episode_id for i, _ in records], [t for _, t in records],
+                                    cfg.eps, full if cfg.eps == "full_context" else None)
+    mempo = MempoParams(eps=cfg.eps, norm_by_std=cfg.norm_by_std, mem_adv_group=cfg.mem_adv_group,
+                        adv_eps=cfg.adv_eps)
+    samples, _ = build_turn_samples(episodes, [e.item_id for e in episodes], [e["R"] for e in eps], r_m,
+                                    cfg.lambda_mem, mempo)
+    assert len(samples) == len(records)
+    return {(eps[i]["uid"], eps[i]["session"], t): torch.tensor(sample.advantages)
+            for (i, t), sample in zip(records, samples, strict=True)}
 
 
 def _verl_rows(eps, shuffle_seed: int = 1, padding_rows: int = 1):
@@ -117,7 +124,10 @@ def test_trainer_advantage_step_equals_local_trainer_advantages(cfg):
             assert torch.all(adv[r] == 0)
             continue
         uid, session, turn = parse_output_key(key)
-        torch.testing.assert_close(adv[r], expected[(uid, int(session), turn)], atol=1e-6, rtol=1e-5)
+        want = expected[(uid, int(session), turn)]
+        n = len(want)
+        torch.testing.assert_close(adv[r, :n], want, atol=1e-6, rtol=1e-5)
+        assert torch.all(adv[r, n:] == 0)  # right padding
     assert metrics["mempo/episodes"] == 7  # 6 real sessions + the padding group
     assert adv.abs().sum() > 0
 

@@ -171,5 +171,8 @@ def test_full_context_baseline_adds_full_history_probes(tiny_policy, tiny_world)
                                 reward_model={"ground_truth": qa["golden_answers"]}))
     assert len(outs) == 2 and len(server.probe_calls) == 4
     assert all(0.0 < o.extra_fields["full_prob"] < 1.0 for o in outs)
-    # the full-history probe of turn 1 is longer than its memory-only probe
+    # turn 0's full history is just the question (= an empty memory's probe minus the memory
+    # block); turn 1's holds turn 0's response and observation
+    assert len(server.probe_calls[2]) < len(server.probe_calls[0])
     assert len(server.probe_calls[3]) > len(server.probe_calls[1])
+    assert "<search> x </search>" in tok.decode(server.probe_calls[3])

@@ -185,10 +185,12 @@ class MemAgentLoop(AgentLoopBase):
                         tool_s = time.monotonic() - t1
                     else:
                         observation = short = invalid_turn_observation(parsed.error)
-                memory_ctx.record_turn(text, parsed, observation, short)
                 if full_ctx is not None:
-                    full_ctx.record_turn(text, parsed, observation, short)
+                    # what a full-history policy would have seen at this turn (as the local
+                    # trainer's `mempo.agent.rollout.full_context_messages`)
                     full_messages.append(full_ctx.messages())
+                    full_ctx.record_turn(text, parsed, observation, short)
+                memory_ctx.record_turn(text, parsed, observation, short)
                 memories.append(parsed.mem)
                 turn_texts.append(text)
 
