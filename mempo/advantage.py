@@ -41,6 +41,13 @@ def _codes(ids: GroupIds) -> torch.Tensor:
     return torch.tensor([table.setdefault(g, len(table)) for g in ids], dtype=torch.long)
 
 
+def _as_float64(values: torch.Tensor | Sequence[float]) -> torch.Tensor:
+    """Flatten to float64 without a float32 round trip (Python floats keep full precision)."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().reshape(-1).double().cpu()
+    return torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+
+
 def _group_normalise(values: torch.Tensor, codes: torch.Tensor, norm_by_std: bool, eps: float) -> torch.Tensor:
     """(v - mean_g) / (std_g + eps) per group code (or v - mean_g); groups of one give 0."""
     v = values.double()
@@ -55,7 +62,7 @@ def _group_normalise(values: torch.Tensor, codes: torch.Tensor, norm_by_std: boo
         std = (sq / (count - 1).clamp(min=1)).sqrt()
         out = centred / (std[codes] + eps)
     out = torch.where(count[codes] > 1, out, torch.zeros_like(out))
-    return out.to(values.dtype if values.is_floating_point() else torch.float32)
+    return out.to(torch.float32)
 
 
 def grpo_outcome_advantage(
@@ -74,7 +81,7 @@ def grpo_outcome_advantage(
     Returns:
         float tensor [N]; 0 for rollouts alone in their group.
     """
-    s = torch.as_tensor(scores, dtype=torch.float32).reshape(-1)
+    s = _as_float64(scores)
     return _group_normalise(s, _codes(group_ids), norm_by_std, eps)
 
 
@@ -306,7 +313,7 @@ def memory_advantage(
     Returns:
         float tensor [M]; 0 for records alone in their normalisation set.
     """
-    r = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
+    r = _as_float64(rewards)
     g = _codes(group_ids).tolist()
     if group == "per_turn":
         t = torch.as_tensor(turn_index).reshape(-1).tolist()
