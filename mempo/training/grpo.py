@@ -406,7 +406,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
                     from mempo.agent.format import ANSWER_PROBE_PREFIX, render_prompt
                     from mempo.agent.rollout import full_context_messages
 
-                    full_prompts = [render_prompt(tok, full_context_messages(ep, t.turn_index + 1),
+                    full_prompts = [render_prompt(tok, full_context_messages(ep, t.turn_index),
                                                   ANSWER_PROBE_PREFIX) for ep, t in turns_flat]
                 mturns = [MemoryTurn(ep.episode_id, t.turn_index, ep.question, t.memory, ep.golden_answers[0],
                                      fp) for (ep, t), fp in zip(turns_flat, full_prompts, strict=True)]

@@ -1,0 +1,82 @@
+"""mempo.training.grpo.build_turn_samples: A^T everywhere, lambda_mem * A^M on <mem> tokens only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _episode(item: str, r: int, turns: list[tuple[list[int], list[int]]]):
+    from mempo.agent.rollout import Episode, TurnRecord
+
+    ep = Episode(episode_id=f"{item}#{r}", item_id=item, question="q?", golden_answers=["a"],
+                 objectives=[["a"]], context="memory")
+    for t, (ids, mem_mask) in enumerate(turns):
+        ep.turns.append(TurnRecord(
+            turn_index=t, prompt_ids=[1, 2, 3], response_ids=ids, response_mask=[1] * len(ids),
+            mem_mask=mem_mask, memory="m", prompt_length=3, response_text="x", action="search",
+            argument="q", valid=True, error=""))
+    return ep
+
+
+@pytest.fixture()
+def step_batch():
+    from mempo.config import MempoParams
+
+    eps = [
+        _episode("A", 0, [([5, 6, 7, 8], [0, 1, 1, 0]), ([5, 6, 7], [0, 1, 0])]),
+        _episode("A", 1, [([5, 6, 7, 8, 9], [0, 1, 1, 1, 0])]),
+        _episode("B", 0, [([5, 6], [0, 1]), ([5, 6, 7], [0, 1, 0])]),
+        _episode("B", 1, [([5, 6, 7], [0, 1, 0]), ([5, 6], [0, 1])]),
+    ]
+    groups = [ep.item_id for ep in eps]
+    outcome = [1.0, 0.0, 0.0, 1.0]
+    mem_r = torch.tensor([0.3, -0.2, 0.5, 0.1, 0.9, 0.2, 0.4])  # one per turn record, in order
+    return eps, groups, outcome, mem_r, MempoParams()
+
+
+def test_lambda_mem_zero_leaves_mem_tokens_with_exactly_a_t(step_batch) -> None:
+    from mempo.advantage import grpo_outcome_advantage
+    from mempo.training.grpo import build_turn_samples
+
+    eps, groups, outcome, mem_r, mp = step_batch
+    samples, adv = build_turn_samples(eps, groups, outcome, mem_r, 0.0, mp)
+    a_t = grpo_outcome_advantage(outcome, groups)
+    assert torch.any(adv["A_M"] != 0)  # there IS a memory advantage to leave out
+    for s in samples:
+        assert s.advantages == [float(a_t[s.episode])] * len(s.response_ids)
+
+
+def test_lambda_mem_adds_memory_advantage_on_mem_tokens_only(step_batch) -> None:
+    from mempo.training.grpo import build_turn_samples
+
+    eps, groups, outcome, mem_r, mp = step_batch
+    lam = 0.5
+    samples, adv = build_turn_samples(eps, groups, outcome, mem_r, lam, mp)
+    masks = [t.mem_mask for ep in eps for t in ep.turns]
+    assert len(samples) == len(masks) == 7
+    for k, (s, mask) in enumerate(zip(samples, masks, strict=True)):
+        a_t = float(adv["A_T"][s.episode])
+        for a, m in zip(s.advantages, mask, strict=True):
+            expect = a_t + lam * float(adv["A_M"][k]) if m else a_t
+            assert a == pytest.approx(expect, abs=1e-6)
+
+
+def test_weights_make_a_token_mean_per_trajectory(step_batch) -> None:
+    from mempo.training.grpo import build_turn_samples
+
+    eps, groups, outcome, mem_r, mp = step_batch
+    samples, _ = build_turn_samples(eps, groups, outcome, mem_r, 1.0, mp)
+    per_episode = [0.0] * len(eps)
+    for s in samples:
+        per_episode[s.episode] += s.weight * len(s.response_ids)
+    # each trajectory contributes 1/E in total, whatever its length
+    assert per_episode == pytest.approx([1 / len(eps)] * len(eps))
+
+
+def test_step_tasks_cover_each_epoch_without_repeats() -> None:
+    from mempo.training.grpo import step_tasks
+
+    seen = [i for step in range(5) for i in step_tasks(10, 2, step, seed=3)]
+    assert sorted(seen) == list(range(10))
+    assert step_tasks(10, 2, 7, seed=3) == step_tasks(10, 2, 7, seed=3)

@@ -1,0 +1,176 @@
+"""SFT and the local GRPO trainer end to end on the tiny policy: metrics in MLflow, FAILED
+runs, SIGKILL-and-resume determinism, and (slow) the SmolLM2 policy."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+GRPO_KEYS = [
+    "reward_mean", "reward_std", "em", "f1", "format_valid", "mem_reward_mean", "mem_reward_turn_0",
+    "kl", "entropy", "clip_frac", "response_length", "turns", "prompt_tokens_per_turn",
+    "time_rollout", "time_mem_scoring", "time_update", "time_step", "mem_scoring_share",
+]
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny policy -> a short SFT -> prepared parquet (rl part) for GRPO."""
+    from mempo.config import load_params
+    from mempo.data.schema import to_verl_row, write_prepared
+    from mempo.datasets import load_qa
+    from mempo.policy import TinyPolicySpec, bootstrap_tiny
+    from mempo.training.sft import run_sft
+
+    root = tmp_path_factory.mktemp("training")
+    bootstrap_tiny(root / "policy", tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"],
+                   spec=TinyPolicySpec(vocab_size=500, hidden_size=64, intermediate_size=128, seed=1))
+    corpus = str(tiny_world / "corpus.jsonl")
+    params = load_params(None, {
+        "sft.policy": str(root / "policy"), "sft.world": str(tiny_world), "sft.retriever": corpus,
+        "sft.out": str(root / "sft"), "sft.max_questions": 40, "sft.multi_tasks": 4,
+        "sft.val_questions": 8, "sft.max_steps": 12, "sft.batch_size": 8, "sft.eval_every": 6,
+        "sft.checkpoint_every": 100, "sft.warmup_steps": 2,
+    })
+    metrics = run_sft(params, tracking=False)
+    train = [q for q in load_qa(tiny_world / "qa" / "train.jsonl") if q.metadata.get("part") == "rl"]
+    val = load_qa(tiny_world / "qa" / "val.jsonl")
+    write_prepared([to_verl_row(q, data_source="world", split="train", index=i) for i, q in enumerate(train)],
+                   root / "data" / "train.parquet")
+    write_prepared([to_verl_row(q, data_source="world", split="val", index=i) for i, q in enumerate(val)],
+                   root / "data" / "val.parquet")
+    return {"root": root, "policy": root / "policy", "sft": root / "sft", "data": root / "data",
+            "corpus": Path(corpus), "sft_metrics": metrics}  # type: ignore[dict-item]
+
+
+def _grpo_overrides(setup: dict[str, Path], out: Path, **extra: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "train.policy": str(setup["sft"] / "model"), "train.data": str(setup["data"]),
+        "train.retriever": str(setup["corpus"]), "train.out": str(out), "train.steps": 3,
+        "train.batch_questions": 2, "train.n_rollouts": 2, "train.max_new_tokens": 40,
+        "train.max_turns": 3, "train.checkpoint_every": 2, "train.threads": 2,
+    }
+    base.update(extra)
+    return base
+
+
+def test_sft_trains_on_assistant_tokens_and_saves_an_hf_folder(setup: dict[str, Path]) -> None:
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from mempo.training.sft import TokenizedSample, collate
+
+    batch = collate([TokenizedSample([5, 6, 7, 8], 2), TokenizedSample([9, 10, 11], 1)], pad_id=0)
+    assert batch["labels"].tolist() == [[-100, -100, 7, 8], [-100, 10, 11, -100]]
+    hist = [json.loads(x) for x in (setup["sft"] / "history.jsonl").read_text().splitlines()]
+    val = [r["val_loss"] for r in hist if "val_loss" in r]
+    assert len(val) == 2 and val[-1] < val[0]
+    assert hist[-1]["loss"] < hist[0]["loss"]
+    assert setup["sft_metrics"]["data_teacher_em"] == 1.0
+    assert (setup["sft"] / "trajectories" / "train.jsonl").exists()
+    assert (setup["sft"] / "plots" / "sft_loss.png").stat().st_size > 0
+    AutoModelForCausalLM.from_pretrained(setup["sft"] / "model")
+
+
+def test_grpo_three_steps_log_metrics_to_mlflow(setup: dict[str, Path], tmp_path: Path, mlflow_uri: str) -> None:
+    import mlflow
+
+    from mempo.config import load_params
+    from mempo.training.grpo import run_grpo
+
+    params = load_params(None, _grpo_overrides(setup, tmp_path / "run"))
+    metrics = run_grpo(params)
+    assert metrics["steps"] == 3
+    assert 0.0 <= metrics["mem_scoring_share"] < 1.0
+    client = mlflow.MlflowClient(mlflow_uri)
+    run = client.search_runs([client.get_experiment_by_name("mempo").experiment_id])[0]
+    assert run.info.status == "FINISHED"
+    for key in GRPO_KEYS:
+        hist = client.get_metric_history(run.info.run_id, f"train/{key}")
+        assert [m.step for m in hist] == [1, 2, 3], key
+    assert run.data.params["train.lambda_mem"] == "1.0"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert "model/config.json" in artifacts
+    assert (tmp_path / "run" / "model" / "model.safetensors").exists()
+    assert (tmp_path / "run" / "plots" / "train_reward.png").exists()
+
+
+def test_grpo_exception_ends_the_mlflow_run_failed(setup: dict[str, Path], tmp_path: Path, mlflow_uri: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import mlflow
+
+    import mempo.training.grpo as grpo
+    from mempo.config import load_params
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("update exploded")
+
+    monkeypatch.setattr(grpo, "update_policy", boom)
+    with pytest.raises(RuntimeError, match="update exploded"):
+        grpo.run_grpo(load_params(None, _grpo_overrides(setup, tmp_path / "run", **{"train.steps": 1})))
+    client = mlflow.MlflowClient(mlflow_uri)
+    run = client.search_runs([client.get_experiment_by_name("mempo").experiment_id])[0]
+    assert run.info.status == "FAILED"
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def _tensors(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model" / "model.safetensors"))
+
+
+def test_sigkill_after_a_checkpoint_then_resume_gives_the_same_weights(setup: dict[str, Path], tmp_path: Path) -> None:
+    import torch
+
+    from mempo.config import load_params
+    from mempo.training.grpo import run_grpo
+
+    over = _grpo_overrides(setup, tmp_path / "straight", **{"train.steps": 4})
+    run_grpo(load_params(None, over), tracking=False)
+
+    killed = tmp_path / "killed"
+    sets = [f"--set={k}={v}" for k, v in _grpo_overrides(setup, killed, **{"train.steps": 4}).items()]
+    env = {**os.environ, "MEMPO_TRACKING": "0", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "mempo", "--params", str(tmp_path / "none.yaml"), *sets, "train", "grpo"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ckpt = killed / "checkpoints" / "step-0000002" / "state.pt"
+    deadline = time.monotonic() + 300
+    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ckpt.exists(), proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "no checkpoint"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (killed / "model").exists()  # it died before finishing
+
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    a, b = _tensors(tmp_path / "straight"), _tensors(killed)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.slow
+def test_smollm2_three_grpo_steps(setup: dict[str, Path], tmp_path: Path) -> None:
+    from mempo.config import load_params
+    from mempo.policy import bootstrap_smollm2
+    from mempo.training.grpo import run_grpo
+
+    bootstrap_smollm2(tmp_path / "smol")
+    over = _grpo_overrides(setup, tmp_path / "run", **{
+        "train.policy": str(tmp_path / "smol"), "train.lr": 1e-6, "train.max_new_tokens": 24,
+        "train.max_turns": 2, "train.micro_batch_size": 4})
+    metrics = run_grpo(load_params(None, over), tracking=False)
+    assert metrics["steps"] == 3
+    assert (tmp_path / "run" / "model" / "config.json").exists()
