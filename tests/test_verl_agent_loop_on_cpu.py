@@ -176,3 +176,55 @@ def test_full_context_baseline_adds_full_history_probes(tiny_policy, tiny_world)
     assert len(server.probe_calls[2]) < len(server.probe_calls[0])
     assert len(server.probe_calls[3]) > len(server.probe_calls[1])
     assert "<search> x </search>" in tok.decode(server.probe_calls[3])
+
+
+def test_retrieval_tool_over_the_real_http_service(tiny_world):
+    """The BaseTool against `mempo serve retriever`'s app on 127.0.0.1 (real HTTP)."""
+    from mempo.retrieval import InProcessRetriever
+    from mempo.retrieval.server import BackgroundServer, create_app
+    from mempo.verl_plugin.tool import RetrievalTool
+
+    qa = _first_question(tiny_world)
+    hop = qa["metadata"]["chain"][0]
+    app = create_app(InProcessRetriever.from_corpus(tiny_world / "corpus.jsonl"))
+
+    async def session(url: str) -> tuple:
+        tool = RetrievalTool({"type": "native", "retriever": url, "topk": 2, "timeout_s": 30.0})
+        iid, _ = await tool.create()
+        found = await tool.execute(iid, {"query": f"{hop['entity']} born"})
+        first = await tool.execute(iid, {"action": "access", "query": hop["value"]})
+        await tool.release(iid)
+        return found, first
+
+    with BackgroundServer(app, port=0) as srv:
+        (search_resp, _, search_info), (access_resp, _, access_info) = asyncio.run(session(srv.url))
+    assert search_info["ok"] and access_info["ok"]
+    assert search_resp.text.startswith("<information> Doc 1(Title: ") and "Doc 2(Title: " in search_resp.text
+    assert hop["entity"] in search_resp.text
+    assert f"Doc(Title: {hop['value']}) [chunk 1/" in access_resp.text
+    assert access_info["short_observation"].startswith(f"<information> Doc(Title: {hop['value']}) [1]")
+
+
+def test_retrieval_tool_timeout_becomes_an_observation():
+    """A service that accepts connections but never answers: the call fails within timeout_s
+    and the model gets an <information> block saying so, instead of a crashed rollout."""
+    import socket
+
+    from mempo.verl_plugin.tool import RetrievalTool
+
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        tool = RetrievalTool({"type": "native", "retriever": url, "timeout_s": 0.5})
+
+        async def call() -> tuple:
+            iid, _ = await tool.create()
+            return await tool.execute(iid, {"query": "anything"})
+
+        resp, reward, info = asyncio.run(call())
+    assert info["ok"] is False and "Timeout" in info["error"]
+    assert resp.text.startswith("<information>") and "timed out" in resp.text
+    assert reward == 0.0
+    bad, _, bad_info = asyncio.run(tool.execute("x", {"action": "delete", "query": "q"}))
+    assert bad_info["ok"] is False and "Invalid tool call" in bad.text
