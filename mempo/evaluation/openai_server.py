@@ -22,12 +22,28 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
+
+class CompletionRequest(BaseModel):
+    """The `/v1/completions` fields this server reads (others, e.g. vLLM/SGLang flags, are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    prompt: list[int] | str
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] | str | None = None
+    logprobs: int | None = None
+    seed: int | None = None
+
 
 def build_app(model_dir: str | Path, served_name: str = "policy", device: str = "cpu") -> Any:
     """The FastAPI app: `POST /v1/completions`, `GET /v1/models`, `GET /health`."""
     import torch
     from fastapi import FastAPI, HTTPException
-    from pydantic import BaseModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mempo.agent.generation import HFGenerator, SamplingParams
@@ -36,17 +52,6 @@ def build_app(model_dir: str | Path, served_name: str = "policy", device: str = 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
     generator = HFGenerator(model, tokenizer)
     lock = threading.Lock()
-
-    class CompletionRequest(BaseModel):
-        model: str
-        prompt: list[int] | str
-        max_tokens: int = 16
-        temperature: float = 1.0
-        top_p: float = 1.0
-        stop: list[str] | str | None = None
-        logprobs: int | None = None
-        seed: int | None = None
-        model_config = {"extra": "ignore"}  # vLLM/SGLang flags this server does not need
 
     app = FastAPI(title="mempo policy (OpenAI-compatible completions)")
 

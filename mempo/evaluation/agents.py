@@ -1,0 +1,150 @@
+"""The agents an evaluation compares, all on the same model, retriever and questions.
+
+- `memory` (MemPO): `mempo.agent.context.MemoryContext` — each prompt holds the question,
+  the model's own `<mem>` of the previous turn and the last action with its result.
+- `full_context` (Search-R1 baseline): `FullContext` — the whole history appended.
+- `external_memory` ("working memory + vector store", the design MemPO argues a learned
+  memory replaces): `ExternalMemoryContext` below — no `<mem>` of the model's is ever shown;
+  every observation of the episode goes into a per-episode vector store, and each prompt
+  holds the question, the last action + result and, in the memory slot, the few earlier
+  snippets most similar to the latest query.
+- `rag` (one-shot RAG): retrieve with the question once, then answer.
+- `direct`: answer from the question alone (no retrieval).
+
+`rag` and `direct` are answered in the answer-probe layout the memory reward scores
+(`mempo.agent.format.answer_probe_messages` + `ANSWER_PROBE_PREFIX`): the assistant turn
+starts at `<answer> ` and generation stops at `</answer>`, so a policy trained to search
+first still gives an answer. Their `format_valid` means the answer closed with `</answer>`.
+
+The three multi-turn agents run through the core rollout loop (`mempo.agent.rollout`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from mempo.agent.context import NO_VALID_ACTION, ContextBuilder
+from mempo.agent.format import INFO_CLOSE, INFO_OPEN, SYSTEM_PROMPT, ParsedTurn, build_messages
+from mempo.evaluation.vector_store import EpisodeVectorStore, TextEncoder
+
+AGENTS = ("memory", "full_context", "external_memory", "rag", "direct")
+MULTI_TURN_AGENTS = ("memory", "full_context", "external_memory")
+SINGLE_TURN_AGENTS = ("rag", "direct")
+
+_DOC_SPLIT = re.compile(r"(?:^|\n)\s*Doc \d+(?=\()")
+_TITLE = re.compile(r"\(Title: ([^)]*)\)")
+
+
+def observation_snippets(observation: str | None) -> list[str]:
+    """The passages of an `<information>` block as separate snippets, without "Doc i" numbers.
+
+    Example: "<information> Doc 1(Title: A) a.\\nDoc 2(Title: B) b. </information>"
+    -> ["(Title: A) a.", "(Title: B) b."]. A block without "Doc i(" items is one snippet.
+    """
+    if not observation:
+        return []
+    body = observation.replace(INFO_OPEN, " ").replace(INFO_CLOSE, " ").strip()
+    parts = [p.strip() for p in _DOC_SPLIT.split(body)]
+    return [p for p in parts if p]
+
+
+def observation_titles(observation: str | None) -> list[str]:
+    """Titles named in an observation (`(Title: X)`), in order."""
+    return [t.strip() for t in _TITLE.findall(observation or "")]
+
+
+class ExternalMemoryContext(ContextBuilder):
+    """Prompts of the external-memory baseline (see the module docstring).
+
+    Args:
+        question: the task's question.
+        encoder: the text encoder for the per-episode store.
+        n_snippets: earlier snippets recalled into each prompt.
+    """
+
+    kind = "memory"  # the same flat layout as MemoryContext; only the memory slot differs
+
+    def __init__(
+        self, question: str, encoder: TextEncoder, n_snippets: int = 3, system_prompt: str = SYSTEM_PROMPT
+    ) -> None:
+        super().__init__(question, system_prompt)
+        self.store = EpisodeVectorStore(encoder)
+        self.n_snippets = n_snippets
+
+    def record_turn(
+        self, response_text: str, parsed: ParsedTurn, observation: str | None,
+        short_observation: str | None = None,
+    ) -> None:
+        # The turn that was last until now drops out of the prompt: its result goes to the store.
+        if self.turns:
+            self.store.add(observation_snippets(self.turns[-1].observation))
+        super().record_turn(response_text, parsed, observation, short_observation)
+
+    def recalled(self) -> list[str]:
+        """The earlier snippets the next prompt shows: the most similar to the latest query
+        (the last action's argument, else the question), excluding the last result itself."""
+        if not self.turns:
+            return []
+        last = self.turns[-1]
+        query = (last.parsed.argument if last.parsed.valid and last.parsed.argument else None) or self.question
+        return self.store.top(query, self.n_snippets, exclude=observation_snippets(last.observation))
+
+    def messages(self) -> list[dict[str, str]]:
+        if not self.turns:
+            return build_messages(self.question, system_prompt=self.system_prompt)
+        last = self.turns[-1]
+        action = last.parsed.action_text() if last.parsed.valid else NO_VALID_ACTION
+        return build_messages(
+            self.question,
+            memory="\n".join(self.recalled()),
+            last_action=action,
+            last_observation=last.observation or "",
+            system_prompt=self.system_prompt,
+        )
+
+
+def single_turn_messages(question: str, passages_observation: str | None) -> list[dict[str, str]]:
+    """Messages of the `direct` (no observation) and `rag` agents, in the answer-probe layout.
+
+    `rag` shows its one retrieval as the last action: `<search> question </search>` and the
+    `<information>` block; the assistant prefix `ANSWER_PROBE_PREFIX` is added when rendering.
+    """
+    from mempo.agent.format import SEARCH_CLOSE, SEARCH_OPEN, answer_probe_messages
+
+    if passages_observation is None:
+        return answer_probe_messages(question, None)
+    return build_messages(
+        question, memory="", last_action=f"{SEARCH_OPEN} {question.strip()} {SEARCH_CLOSE}",
+        last_observation=passages_observation,
+    )
+
+
+def forced_answer_text(generated: str) -> tuple[str, bool]:
+    """(answer, closed) from the text generated after `<answer> `: up to `</answer>` if present."""
+    from mempo.agent.format import ANSWER_CLOSE
+
+    i = generated.find(ANSWER_CLOSE)
+    if i < 0:
+        return generated.strip(), False
+    return generated[:i].strip(), True
+
+
+def turn_transcript(parsed: ParsedTurn, observation: str | None, prompt_tokens: int) -> dict[str, Any]:
+    """One turn as `mempo ask` and `samples.parquet` show it."""
+    return {
+        "memory": parsed.mem,
+        "think": parsed.think,
+        "action": parsed.action,
+        "argument": parsed.argument,
+        "valid": parsed.valid,
+        "error": parsed.error,
+        "titles": observation_titles(observation),
+        "prompt_tokens": prompt_tokens,
+    }
+
+
+def dedupe(seq: Sequence[str]) -> list[str]:
+    """Order-preserving unique items."""
+    return list(dict.fromkeys(seq))

@@ -1,0 +1,190 @@
+"""End-to-end evaluation of the tiny (untrained) policy and the scripted teacher on the world.
+
+Real components throughout: a tiny Qwen2 policy built offline, BM25 over the world corpus
+in process and behind the real retrieval service on a loopback port, an OpenAI-compatible
+completions server on a loopback port, MLflow on a temp sqlite store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from mempo.config import load_params
+from mempo.errors import ConfigError
+from mempo.evaluation.agents import AGENTS
+from mempo.evaluation.report import parse_report_tables
+from mempo.evaluation.runner import Engine, load_engine, run_eval
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained tiny Qwen2 policy (BPE tokenizer trained on the tiny world)."""
+    from mempo.policy.bootstrap import bootstrap_tiny
+
+    out = tmp_path_factory.mktemp("policy") / "tiny"
+    bootstrap_tiny(out, tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_policy: Path, tiny_world: Path) -> Engine:
+    return load_engine(tiny_policy, tiny_policy, retriever=str(tiny_world / "corpus.jsonl"), concurrency=20)
+
+
+def _params(tiny_world: Path, tiny_policy: Path, out: Path, **eval_over: Any) -> Any:
+    over: dict[str, Any] = {
+        "eval.model": str(tiny_policy), "eval.retriever": str(tiny_world / "corpus.jsonl"),
+        "eval.benchmarks": ["world"], "eval.limit": 20, "eval.out": str(out),
+        "eval.max_new_tokens": 24, "eval.max_turns": 2, "eval.concurrency": 20, "eval.mlflow_genai_samples": 0,
+        "benchmarks.world": str(tiny_world / "qa" / "test.jsonl"),
+    }
+    over.update({f"eval.{k}": v for k, v in eval_over.items()})
+    return load_params(None, overrides=over)
+
+
+def _check_outputs(out: Path, agents: list[str], benches: list[str], n: int) -> dict[str, Any]:
+    metrics = json.loads((out / "metrics.json").read_text())
+    samples = pd.read_parquet(out / "samples.parquet")
+    assert len(samples) == n * len(agents) * len(benches)
+    assert set(samples["agent"]) == set(agents) and set(samples["benchmark"]) == set(benches)
+    for a in agents:
+        for b in benches:
+            assert metrics[f"{a}/{b}/n"] == n
+            part = samples[(samples.agent == a) & (samples.benchmark == b)]
+            assert metrics[f"{a}/{b}/em"] == round(part["em"].mean(), 4)
+            assert metrics[f"{a}/{b}/peak_prompt_tokens_max"] == part["peak_prompt_tokens"].max()
+    # The report prints exactly the numbers of metrics.json.
+    assert parse_report_tables((out / "report.md").read_text()) == {k: json.dumps(v) for k, v in metrics.items()}
+    assert (out / "report.html").read_text().startswith("<!doctype html>")
+    assert (out / "plots" / "em_by_benchmark.png").is_file()
+    return metrics
+
+
+def test_eval_tiny_policy_all_agents_in_process(tiny_world: Path, tiny_policy: Path, engine: Engine,
+                                                tmp_path: Path) -> None:
+    p = _params(tiny_world, tiny_policy, tmp_path / "eval", benchmarks=["world", "world-k2"], limit=6)
+    res = run_eval(p.eval, p.benchmarks, engine=engine, track=False)
+    metrics = _check_outputs(tmp_path / "eval", list(AGENTS), ["world", "world-k2"], 6)
+    assert metrics == json.loads((tmp_path / "eval" / "metrics.json").read_text()) == res.metrics
+    samples = pd.read_parquet(tmp_path / "eval" / "samples.parquet")
+    # Turn limits: 2 turns per objective -> 2 for world, 4 for world-k2; single-turn agents 1.
+    assert samples[samples.agent.isin(["rag", "direct"])]["turns"].eq(1).all()
+    assert samples[(samples.agent == "memory") & (samples.benchmark == "world-k2")]["turns"].max() <= 4
+    assert samples[samples.agent == "rag"]["searches"].eq(1).all()
+    assert samples[samples.agent == "direct"]["searches"].eq(0).all()
+    # The multi-objective keys exist only for the k = 2 benchmark.
+    assert "memory/world-k2/all_correct" in metrics and "memory/world/all_correct" not in metrics
+    # Deterministic: greedy decoding gives the same samples a second time.
+    p.eval.agents = ["memory", "rag"]
+    again = run_eval(p.eval, p.benchmarks, engine=engine, track=False)
+    cols = ["agent", "benchmark", "id", "prediction", "turns", "peak_prompt_tokens", "transcript"]
+    first = [{c: r[c] for c in cols} for r in res.rows if r["agent"] in ("memory", "rag")]
+    assert [{c: r[c] for c in cols} for r in again.rows] == first
+
+
+def test_eval_scripted_teacher_exercises_memory_search_and_probe(
+    tiny_world: Path, tiny_policy: Path, engine: Engine, tmp_path: Path
+) -> None:
+    from mempo.agent.teacher import ScriptedTeacher
+
+    teacher = Engine(engine.generator, engine.tokenizer, engine.retriever, engine.model,
+                     turn_policy=ScriptedTeacher(engine.tokenizer))
+    p = _params(tiny_world, tiny_policy, tmp_path / "eval", benchmarks=["world-k1", "world-k4"], limit=8,
+                agents=["memory", "full_context", "external_memory"], max_turns=12)
+    run_eval(p.eval, p.benchmarks, engine=teacher, track=False)
+    metrics = _check_outputs(tmp_path / "eval", ["memory", "full_context", "external_memory"],
+                             ["world-k1", "world-k4"], 8)
+    samples = pd.read_parquet(tmp_path / "eval" / "samples.parquet")
+    assert metrics["memory/world-k1/em"] >= 0.5          # the teacher follows the gold chain
+    assert metrics["memory/world-k1/searches"] >= 1.0
+    assert metrics["memory/world-k1/format_valid"] == 1.0
+    assert 0.0 < metrics["memory/world-k1/memory_probe"] < 1.0
+    # The memory agent's prompts stay flat; the full-context agent's grow with the turns.
+    assert metrics["full_context/world-k4/peak_prompt_tokens"] > 1.5 * metrics["memory/world-k4/peak_prompt_tokens"]
+    # Multi-objective scoring of the k = 4 tasks.
+    assert 0.0 <= metrics["memory/world-k4/all_correct"] <= metrics["memory/world-k4/objective_em"]
+    first = json.loads(samples[samples.agent == "memory"].iloc[0]["transcript"])
+    assert first[0]["action"] == "search" and first[0]["titles"] and first[-1]["action"] == "answer"
+    assert samples[samples.agent == "memory"].iloc[0]["final_memory"]
+    assert (tmp_path / "eval" / "plots" / "em_vs_k.png").is_file()
+
+
+def test_truncation_path_scores_wrong(tiny_world: Path, tiny_policy: Path, engine: Engine, tmp_path: Path) -> None:
+    from mempo.agent.teacher import ScriptedTeacher
+
+    teacher = Engine(engine.generator, engine.tokenizer, engine.retriever, engine.model,
+                     turn_policy=ScriptedTeacher(engine.tokenizer))
+    # Room for the first prompt (question only) but not for a prompt with a search result.
+    p = _params(tiny_world, tiny_policy, tmp_path / "eval", limit=6, agents=["memory", "rag", "direct"],
+                max_turns=8, max_prompt_tokens=300)
+    res = run_eval(p.eval, p.benchmarks, engine=teacher, track=False)
+    mem = [r for r in res.rows if r["agent"] == "memory"]
+    assert all(r["truncated"] == 1.0 and r["em"] == 0.0 and r["error"] == "context window exceeded" for r in mem)
+    assert all(r["turns"] == 1 for r in mem)           # stopped before the second prompt
+    rag = [r for r in res.rows if r["agent"] == "rag"]
+    assert all(r["truncated"] == 1.0 and r["em"] == 0.0 and r["generated_tokens"] == 0 for r in rag)
+    assert res.metrics["memory/world/truncated"] == 1.0
+    assert res.metrics["direct/world/truncated"] == 0.0
+
+
+def test_missing_benchmark_file_errors_before_loading_the_model(tiny_world: Path, tmp_path: Path) -> None:
+    p = _params(tiny_world, tmp_path / "no-model", tmp_path / "eval", benchmarks=["world", "hotpotqa"])
+    with pytest.raises(ConfigError, match="benchmarks.hotpotqa"):
+        run_eval(p.eval, p.benchmarks, track=False)
+    assert not (tmp_path / "eval").exists()
+
+
+def test_eval_through_the_http_retrieval_service_with_mlflow(
+    tiny_world: Path, tiny_policy: Path, engine: Engine, tmp_path: Path, mlflow_uri: str
+) -> None:
+    import mlflow
+
+    from mempo.retrieval import open_retriever
+    from mempo.retrieval.server import BackgroundServer, create_app
+
+    backing = open_retriever(str(tiny_world / "corpus.jsonl"))
+    with BackgroundServer(create_app(backing, manifest=backing.manifest)) as srv:
+        p = _params(tiny_world, tiny_policy, tmp_path / "eval", retriever=srv.url, limit=20,
+                    agents=["memory", "rag"], mlflow_genai_samples=4)
+        http_engine = load_engine(tiny_policy, tiny_policy, retriever=srv.url, concurrency=20)
+        res = run_eval(p.eval, p.benchmarks, engine=http_engine, track=True)
+        http_engine.retriever.close()
+    local = run_eval(p.eval, p.benchmarks, engine=engine, track=False)
+    # Same passages through HTTP as in process -> identical samples.
+    assert [r["transcript"] for r in res.rows] == [r["transcript"] for r in local.rows]
+    _check_outputs(tmp_path / "eval", ["memory", "rag"], ["world"], 20)
+    run = mlflow.get_run(res.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["memory/world/em"] == res.metrics["memory/world/em"]
+    names = {a.path for a in mlflow.MlflowClient().list_artifacts(res.run_id)}
+    assert {"metrics.json", "report.md", "report.html", "samples.parquet", "plots"} <= names
+    children = mlflow.search_runs(filter_string=f"tags.mlflow.parentRunId = '{res.run_id}'", output_format="list")
+    assert {c.info.run_name for c in children} == {"genai-memory", "genai-rag"}
+    for c in children:
+        agent = c.info.run_name.removeprefix("genai-")
+        first4 = [r["em"] for r in res.rows if r["agent"] == agent][:4]
+        assert math.isclose(c.data.metrics["em/mean"], sum(first4) / 4, abs_tol=1e-9)
+
+
+def test_openai_backend_against_a_loopback_completions_server(
+    tiny_world: Path, tiny_policy: Path, engine: Engine, tmp_path: Path
+) -> None:
+    from mempo.evaluation.openai_server import serve_completions
+
+    p = _params(tiny_world, tiny_policy, tmp_path / "eval", limit=4, agents=["memory", "direct"],
+                backend="openai", served_model="tiny")
+    with serve_completions(tiny_policy, served_name="tiny") as url:
+        p.eval.openai_url = url
+        res = run_eval(p.eval, p.benchmarks, track=False)
+    assert res.meta["backend"] == "openai"
+    local = run_eval(p.eval.model_copy(update={"backend": "hf", "out": str(tmp_path / "hf")}),
+                     p.benchmarks, engine=engine, track=False)
+    # Greedy decoding of the same weights: the server's answers equal the in-process ones.
+    assert [r["transcript"] for r in res.rows] == [r["transcript"] for r in local.rows]
+    assert all(math.isnan(r["memory_probe"]) for r in res.rows)   # no local model: no probe
