@@ -104,7 +104,7 @@ class EvalParams(Section):
     served_model: str = "policy"
     device: str = "cpu"
     max_turns: int = Field(6, ge=1)
-    max_turns_cap: int = Field(48, ge=1)
+    max_turns_cap: int = Field(64, ge=1)
     topk: int = Field(3, ge=1)
     max_new_tokens: int = Field(160, ge=1)
     max_obs_tokens: int = Field(256, ge=1)
@@ -112,7 +112,7 @@ class EvalParams(Section):
     memory_probe: bool = True
     external_memory_encoder: str = "hashing"
     external_memory_snippets: int = Field(3, ge=1)
-    mlflow_genai: bool = True
+    mlflow_genai_samples: int = Field(20, ge=0)
 
 
 class DataSource(Section):
