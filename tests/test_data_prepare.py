@@ -208,3 +208,17 @@ def test_cli_prepare_logs_an_mlflow_stage_run(tiny_world: Path, tmp_path: Path, 
     assert len(runs) == 1
     assert runs.iloc[0]["metrics.rows_train"] == printed["rows"]["train"]
     assert runs.iloc[0]["params.data.seed"] == "5"
+
+
+def test_output_gate_failure_leaves_the_previous_data_untouched(tiny_world: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    params = _world_params(tiny_world, out, gate=False)
+    prepare_data(params)
+    before = sha256_file(out / "train.parquet")
+    strict = ValidateParams(out=str(tmp_path / "v"), bounds={"prompt_max_chars": 50})
+    with pytest.raises(ValidationFailed) as info:
+        prepare_data(_world_params(tiny_world, out, seed=9), strict)
+    assert "the prompt has 1..50 characters" in info.value.message
+    assert info.value.path == str(out / "train.parquet") and info.value.row == 1
+    assert sha256_file(out / "train.parquet") == before
+    assert not list(tmp_path.glob(".tmp-*"))

@@ -103,6 +103,31 @@ def test_corpus_is_streamed_and_duplicate_ids_are_found_across_chunks(tmp_path: 
     assert title.unexpected_count == 1 and title.sample_rows[0]["line"] == 4
 
 
+CORRUPT_CORPUS: dict[str, tuple[bytes, str, int | None]] = {
+    "missing_contents": (b'{"id": "1"}\n', "contents_chars=-1 line=2", 2),
+    "no_title_line": (b'{"id": "1", "contents": "just text"}\n', "title_ok=False line=2", 2),
+    "wrong_id_type": (b'{"id": [1], "contents": "T\\nx"}\n', "id_ok=False line=2", 2),
+    "not_utf8": (b'{"id": "1", "contents": "T\\ncaf\xe9"}\n', "not valid UTF-8", 2),
+    "truncated": (b'{"id": "1", "contents": "T\\nx', "truncated last line", 2),
+    "nan_contents": (b'{"id": "1", "contents": NaN}\n', "contents_chars=-1 line=2", 2),
+    "too_long": (b'{"id": "1", "contents": "T\\n' + b"y" * 30_000 + b'"}\n', "contents_chars=30002 line=2", 2),
+}
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["jsonl", "jsonl.gz"])
+@pytest.mark.parametrize("case", sorted(CORRUPT_CORPUS))
+def test_corrupt_corpus_lines_are_named(case: str, gz: bool, tmp_path: Path) -> None:
+    import gzip
+
+    tail, needle, line = CORRUPT_CORPUS[case]
+    raw = b'{"id": "0", "contents": "Title\\nSome text."}\n' + tail
+    path = tmp_path / ("corpus.jsonl.gz" if gz else "corpus.jsonl")
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+    with pytest.raises(ValidationFailed) as info:
+        validate_data("corpus", path, ValidateParams(), report_dir=None)
+    assert needle in info.value.message and info.value.row == line
+
+
 def test_stale_marker_is_removed_when_a_rerun_fails(tmp_path: Path) -> None:
     qa = tmp_path / "qa.jsonl"
     qa.write_bytes(GOOD)
@@ -150,6 +175,7 @@ def test_prepared_contract_catches_schema_agent_and_leakage(
     objs[0]["question"] = test_q.upper()  # normalisation makes it the same question
     ei["objectives"] = objs
     df.at[4, "extra_info"] = ei
+    df.at[6, "prompt"] = [{"role": "system", "content": "an old system prompt"}, df.loc[6, "prompt"][1]]
     df = df.drop(columns=["ability"])
     bad = tmp_path / "train.parquet"
     df.to_parquet(bad)
@@ -159,6 +185,8 @@ def test_prepared_contract_catches_schema_agent_and_leakage(
     failed = {o.description: o for o in info.value.report.failed}  # type: ignore[attr-defined]
     assert failed["agent_name is 'mem_agent'"].sample_rows[0]["line"] == 3
     assert failed["no objective's question is in an evaluation set (normalised)"].sample_rows[0]["line"] == 5
+    drift = failed["prompt is exactly mempo.agent.format.build_messages(question)"]
+    assert [r["line"] for r in drift.sample_rows] == [7]
     schema = failed["the parquet has every column verl's RLHFDataset and the agent loop read"]
     assert schema.sample_rows == [{"column": "ability", "present": False}]
 

@@ -272,6 +272,7 @@ def prepare_data(data: DataParams, validation: ValidateParams | None = None) -> 
             "inputs": {p: sha256_file(p) for p in dict.fromkeys(
                 [s.path for s in data.sources] + list(data.eval_sets))},
             "params": data.model_dump(mode="json"),
+            "gates": {"inputs_qa_reports": reports, "output_prepared": "passed" if data.gate else "skipped"},
         })
     _log_summary(summary)
     return PrepareResult(str(data.out), counts, summary, reports)

@@ -10,7 +10,7 @@ A contract is one or more batches, each a suite over a stream of diagnostic fram
   a non-empty list of non-empty strings (no NaN) within bounds; metadata an object; ids
   unique; at least one question.
 - `prepared`: the parquet has every column verl reads; prompt is chat messages ending in a
-  user message that holds the question; `reward_model` is `rule` with a non-empty target
+  user message that holds the question, exactly as the current prompt module builds it; `reward_model` is `rule` with a non-empty target
   list; `extra_info` has index, id, split, question, k and k objectives with answers;
   `agent_name` is `mem_agent`; no objective's question is in an evaluation set; ids unique.
 - `eval`: per-sample outputs have their key columns, one row per key, rate metrics in
@@ -203,6 +203,8 @@ def prepared_contract(
         _col("ExpectColumnValuesToBeBetween", "prompt_chars",
              f"the prompt has 1..{b.prompt_max_chars} characters", min_value=1, max_value=b.prompt_max_chars),
         _true("question_in_prompt", "the user message holds extra_info.question"),
+        # A parquet built with an older template would train a prompt the agent never sees.
+        _true("prompt_is_first_turn", "prompt is exactly mempo.agent.format.build_messages(question)"),
         _col("ExpectColumnValuesToNotBeNull", "ability", "ability is a string"),
         _col("ExpectColumnValuesToBeInSet", "reward_style", "reward_model.style is 'rule'", value_set=["rule"]),
         _col("ExpectColumnValuesToNotBeNull", "reward_style", "reward_model has a style"),

@@ -213,7 +213,8 @@ def corpus_frames(
 PREPARED_ROW_COLUMNS = {
     "line": "Int64", "id": "string", "data_source": "string", "ability": "string",
     "agent_name": "string", "split": "string", "prompt_ok": "boolean", "prompt_chars": "Int64",
-    "question_in_prompt": "boolean", "reward_style": "string", "targets_ok": "boolean",
+    "question_in_prompt": "boolean", "prompt_is_first_turn": "boolean",
+    "reward_style": "string", "targets_ok": "boolean",
     "extra_info_ok": "boolean", "k": "Int64", "objectives_ok": "boolean", "eval_overlap": "Int64",
 }
 
@@ -231,6 +232,17 @@ def _prompt_check(prompt: Any) -> tuple[bool, int, str]:
             last_user = m["content"]
     ok = prompt[-1].get("role") == "user" and bool(last_user.strip())
     return ok, n_chars, last_user
+
+
+def _messages(prompt: Any) -> list[dict[str, str]]:
+    return [{"role": m["role"], "content": m["content"]} for m in prompt]
+
+
+def _first_turn(question: str) -> list[dict[str, str]]:
+    """The first-turn messages the core prompt module builds today for `question`."""
+    from mempo.agent.format import build_messages
+
+    return build_messages(question)
 
 
 def prepared_row(
@@ -272,6 +284,8 @@ def prepared_row(
         "split": ei.get("split") if isinstance(ei.get("split"), str) else None,
         "prompt_ok": prompt_ok, "prompt_chars": prompt_chars,
         "question_in_prompt": _is_text(question) and str(question).strip() in user_text,
+        "prompt_is_first_turn": prompt_ok and _is_text(question)
+        and _messages(rec.get("prompt")) == _first_turn(str(question)),
         "reward_style": style, "targets_ok": targets_ok, "extra_info_ok": extra_ok,
         "k": k if isinstance(k, int) and not isinstance(k, bool) else None,
         "objectives_ok": objectives_ok, "eval_overlap": overlap,
