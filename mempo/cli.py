@@ -35,6 +35,7 @@ COMMAND_MODULES = [
     "mempo.commands.corpus",
     "mempo.commands.index",
     "mempo.commands.serve",
+    "mempo.commands.eval",
 ]
 
 

@@ -123,7 +123,8 @@ class _TimedPolicy:
         return await self.inner.respond(request)
 
 
-def _sampling(settings: EvalSettings, stop: Sequence[str] | None = None) -> Any:
+def sampling_params(settings: EvalSettings, stop: Sequence[str] | None = None) -> Any:
+    """Generation settings for evaluation: greedy unless `temperature` > 0 (then seeded)."""
     from mempo.agent.generation import SamplingParams
 
     kw: dict[str, Any] = dict(
@@ -170,7 +171,7 @@ def run_multi_turn(
     if engine.retriever is None:
         raise MempoError(f"agent '{agent}' needs a retriever (eval.retriever)")
     policy = _TimedPolicy(engine.turn_policy or GeneratorPolicy(
-        engine.generator, _sampling(settings), max_batch=settings.concurrency))
+        engine.generator, sampling_params(settings), max_batch=settings.concurrency))
     env = ToolEnv(engine.retriever, engine.tokenizer,
                   ToolConfig(topk=settings.topk, observation_max_tokens=settings.max_obs_tokens))
     config = RolloutConfig(
@@ -257,7 +258,7 @@ def run_single_turn(
         for it, obs in zip(items, observations, strict=True)
     ]
     fits = [i for i, p in enumerate(prompts) if len(p) <= settings.max_prompt_tokens]
-    sampling = _sampling(settings, stop=(ANSWER_CLOSE,))
+    sampling = sampling_params(settings, stop=(ANSWER_CLOSE,))
     gens: dict[int, Any] = {}
     latency: dict[int, float] = {}
     from tqdm.auto import tqdm
