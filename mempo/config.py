@@ -53,68 +53,6 @@ class PolicyParams(Section):
     seed: int = 0
 
 
-class BenchmarksParams(Section):
-    """`benchmarks:` name -> FlashRAG jsonl path read by `mempo eval` (null = not available here).
-
-    The standard seven are listed with null paths (nothing is bundled offline); requesting
-    one without a path is an error. `world` also feeds `world-k{1,2,4,8,16}` (composed).
-    Any other `name: path` adds a custom benchmark.
-    """
-
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
-
-    world: str | None = "outputs/world/qa/test.jsonl"
-    nq: str | None = None
-    triviaqa: str | None = None
-    popqa: str | None = None
-    hotpotqa: str | None = None
-    twowiki: str | None = Field(None, alias="2wiki")
-    musique: str | None = None
-    bamboogle: str | None = None
-
-    def paths(self) -> dict[str, str | None]:
-        """name -> path for every benchmark, custom ones included (`2wiki` under its real name)."""
-        out = {k: v for k, v in self.model_dump(by_alias=True).items()}
-        for name, value in out.items():
-            if value is not None and not isinstance(value, str):
-                raise ConfigError(f"must be a path string or null, got {value!r}", field=f"benchmarks.{name}")
-        return out
-
-
-class EvalParams(Section):
-    """`mempo eval` / `mempo ask`: agents x benchmarks on one model; greedy unless temperature > 0."""
-
-    model: str = "outputs/train/model"  # HF folder, or models:/NAME@alias | models:/NAME/VERSION
-    benchmarks: list[str] = Field(
-        default_factory=lambda: ["world", "world-k1", "world-k2", "world-k4", "world-k8", "world-k16"],
-        min_length=1,
-    )
-    agents: list[Literal["memory", "full_context", "external_memory", "rag", "direct"]] = Field(
-        default_factory=lambda: ["memory", "full_context", "external_memory", "rag", "direct"],
-        min_length=1,
-    )
-    limit: int | None = Field(50, ge=1)
-    out: str = "outputs/eval"
-    concurrency: int = Field(16, ge=1)
-    max_prompt_tokens: int = Field(4096, ge=16)
-    seed: int = 0
-    retriever: str = "outputs/index"
-    backend: Literal["hf", "openai"] = "hf"
-    openai_url: str = "http://127.0.0.1:30000"
-    served_model: str = "policy"
-    device: str = "cpu"
-    max_turns: int = Field(6, ge=1)
-    max_turns_cap: int = Field(64, ge=1)
-    topk: int = Field(3, ge=1)
-    max_new_tokens: int = Field(160, ge=1)
-    max_obs_tokens: int = Field(256, ge=1)
-    temperature: float = Field(0.0, ge=0.0)
-    memory_probe: bool = True
-    external_memory_encoder: str = "hashing"
-    external_memory_snippets: int = Field(3, ge=1)
-    mlflow_genai_samples: int = Field(20, ge=0)
-
-
 class DataSource(Section):
     """One FlashRAG QA file that feeds a split of the prepared data."""
 
@@ -183,37 +121,6 @@ class ValidateParams(Section):
     bounds: ValidateBounds = Field(default_factory=ValidateBounds)
 
 
-class AgentParams(Section):
-    """The agent's turn loop and tools (mempo.agent): rollouts in training, SFT teacher runs."""
-
-    context: Literal["memory", "full"] = "memory"
-    max_turns: int = Field(8, ge=1)
-    max_prompt_tokens: int = Field(0, ge=0)
-    max_concurrent_episodes: int = Field(64, ge=1)
-    topk: int = Field(3, ge=1)
-    observation_max_tokens: int = Field(512, ge=1)
-    access_chunk_chars: int = Field(1000, ge=1)
-    short_text_chars: int = Field(100, ge=0)
-    max_new_tokens: int = Field(512, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    check_masks: bool = True
-
-
-class MempoParams(Section):
-    """MemPO's rewards and advantages (mempo.rewards, mempo.advantage); lambda_mem is in train."""
-
-    eps: Literal["previous", "full_context", "none"] = "previous"
-    form: Literal["prob", "logprob"] = "prob"
-    norm_by_std: bool = True
-    mem_adv_group: Literal["per_turn", "per_group"] = "per_turn"
-    adv_eps: float = Field(1e-6, gt=0.0)
-    format_rule: Literal["strict", "penalty", "ignore"] = "strict"
-    format_penalty: float = Field(0.0, ge=0.0)
-    multi_rule: Literal["all", "mean", "any"] = "all"
-    probe_batch_size: int = Field(16, ge=1)
-
-
 class RegisterParams(Section):
     """`mempo register`: the trained policy as an MLflow model version with its evidence."""
 
@@ -244,17 +151,97 @@ class PromoteParams(Section):
     out: str = "outputs/promote"
 
 
-class PipelineParams(Section):
-    """`mempo pipeline run` (`make run`): the local orchestration around `dvc repro`."""
+class BenchmarksParams(Section):
+    """`benchmarks:` name -> FlashRAG jsonl path read by `mempo eval` (null = not available here).
 
-    experiment: str = "mempo"
-    serve_retriever: bool = True
-    retriever_stages: list[str] = Field(default_factory=lambda: ["train", "eval"])
-    index_stage: str = "index"
-    index_dir: str = "outputs/index"
-    retriever_host: str = "127.0.0.1"
-    retriever_start_timeout_s: float = Field(300.0, gt=0.0)
-    promote: bool = True
+    The standard seven are listed with null paths (nothing is bundled offline); requesting
+    one without a path is an error. `world` also feeds `world-k{1,2,4,8,16}` (composed).
+    Any other `name: path` adds a custom benchmark.
+    """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    world: str | None = "outputs/world/qa/test.jsonl"
+    nq: str | None = None
+    triviaqa: str | None = None
+    popqa: str | None = None
+    hotpotqa: str | None = None
+    twowiki: str | None = Field(None, alias="2wiki")
+    musique: str | None = None
+    bamboogle: str | None = None
+
+    def paths(self) -> dict[str, str | None]:
+        """name -> path for every benchmark, custom ones included (`2wiki` under its real name)."""
+        out = {k: v for k, v in self.model_dump(by_alias=True).items()}
+        for name, value in out.items():
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"must be a path string or null, got {value!r}", field=f"benchmarks.{name}")
+        return out
+
+
+class EvalParams(Section):
+    """`mempo eval` / `mempo ask`: agents x benchmarks on one model; greedy unless temperature > 0."""
+
+    model: str = "outputs/train/model"  # HF folder, or models:/NAME@alias | models:/NAME/VERSION
+    benchmarks: list[str] = Field(
+        default_factory=lambda: ["world", "world-k1", "world-k2", "world-k4", "world-k8", "world-k16"],
+        min_length=1,
+    )
+    agents: list[Literal["memory", "full_context", "external_memory", "rag", "direct"]] = Field(
+        default_factory=lambda: ["memory", "full_context", "external_memory", "rag", "direct"],
+        min_length=1,
+    )
+    limit: int | None = Field(50, ge=1)
+    out: str = "outputs/eval"
+    concurrency: int = Field(16, ge=1)
+    max_prompt_tokens: int = Field(4096, ge=16)
+    seed: int = 0
+    retriever: str = "outputs/index"
+    backend: Literal["hf", "openai"] = "hf"
+    openai_url: str = "http://127.0.0.1:30000"
+    served_model: str = "policy"
+    device: str = "cpu"
+    max_turns: int = Field(6, ge=1)
+    max_turns_cap: int = Field(64, ge=1)
+    topk: int = Field(3, ge=1)
+    max_new_tokens: int = Field(160, ge=1)
+    max_obs_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    memory_probe: bool = True
+    external_memory_encoder: str = "hashing"
+    external_memory_snippets: int = Field(3, ge=1)
+    mlflow_genai_samples: int = Field(20, ge=0)
+
+
+class AgentParams(Section):
+    """The agent's turn loop and tools (mempo.agent): rollouts in training, SFT teacher runs."""
+
+    context: Literal["memory", "full"] = "memory"
+    max_turns: int = Field(8, ge=1)
+    max_prompt_tokens: int = Field(0, ge=0)
+    max_concurrent_episodes: int = Field(64, ge=1)
+    topk: int = Field(3, ge=1)
+    observation_max_tokens: int = Field(512, ge=1)
+    access_chunk_chars: int = Field(1000, ge=1)
+    short_text_chars: int = Field(100, ge=0)
+    max_new_tokens: int = Field(512, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    check_masks: bool = True
+
+
+class MempoParams(Section):
+    """MemPO's rewards and advantages (mempo.rewards, mempo.advantage); lambda_mem is in train."""
+
+    eps: Literal["previous", "full_context", "none"] = "previous"
+    form: Literal["prob", "logprob"] = "prob"
+    norm_by_std: bool = True
+    mem_adv_group: Literal["per_turn", "per_group"] = "per_turn"
+    adv_eps: float = Field(1e-6, gt=0.0)
+    format_rule: Literal["strict", "penalty", "ignore"] = "strict"
+    format_penalty: float = Field(0.0, ge=0.0)
+    multi_rule: Literal["all", "mean", "any"] = "all"
+    probe_batch_size: int = Field(16, ge=1)
 
 
 class SFTParams(Section):
@@ -287,6 +274,19 @@ class SFTParams(Section):
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     threads: int = Field(0, ge=0)
+
+
+class PipelineParams(Section):
+    """`mempo pipeline run` (`make run`): the local orchestration around `dvc repro`."""
+
+    experiment: str = "mempo"
+    serve_retriever: bool = True
+    retriever_stages: list[str] = Field(default_factory=lambda: ["train", "eval"])
+    index_stage: str = "index"
+    index_dir: str = "outputs/index"
+    retriever_host: str = "127.0.0.1"
+    retriever_start_timeout_s: float = Field(300.0, gt=0.0)
+    promote: bool = True
 
 
 class IndexParams(Section):
@@ -381,6 +381,28 @@ class TrainParams(Section):
     threads: int = Field(0, ge=0)
 
 
+class VerlParams(Section):
+    """`mempo train verl`: MemPO on verl 0.9.1 (Ray + GPUs, SGLang rollouts); see configs/verl/."""
+
+    policy: str = "outputs/sft/model"
+    data: str = "outputs/data"
+    retriever: str = "http://127.0.0.1:8013"
+    out: str = "outputs/train"
+    config: str = "configs/verl/mempo_trainer.yaml"
+    ray_address: str = ""
+    nnodes: int = Field(1, ge=1)
+    n_gpus_per_node: int = Field(8, ge=1)
+    n_rollouts: int = Field(5, ge=1)
+    train_batch_size: int = Field(256, ge=1)
+    lr: float = Field(1e-6, gt=0.0)
+    total_epochs: int = Field(1, ge=1)
+    total_training_steps: int = Field(0, ge=0)
+    lambda_mem: float | None = Field(None, ge=0.0)
+    experiment_name: str = "mempo-verl"
+    merge: bool = True
+    overrides: list[str] = Field(default_factory=list)
+
+
 class Params(Section):
     """All of params.yaml. Sections are added by the stages that read them."""
 
@@ -402,6 +424,7 @@ class Params(Section):
     registration: RegisterParams = Field(default_factory=RegisterParams, alias="register")
     promote: PromoteParams = Field(default_factory=PromoteParams)
     pipeline: PipelineParams = Field(default_factory=PipelineParams)
+    verl: VerlParams = Field(default_factory=VerlParams)
 
 
 def _loc(err: dict[str, Any]) -> str:
