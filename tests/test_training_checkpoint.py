@@ -77,3 +77,25 @@ def test_resolve_resume(tmp_path: Path) -> None:
     assert resolve_resume("never", tmp_path) is None
     with pytest.raises(DataError, match="not a checkpoint"):
         resolve_resume(str(tmp_path), tmp_path)
+
+
+def test_auto_resume_skips_checkpoints_of_another_config(tmp_path: Path) -> None:
+    from mempo.training.checkpoint import (
+        TrainerState,
+        config_fingerprint,
+        list_checkpoints,
+        resolve_resume,
+        save_checkpoint,
+    )
+
+    model, opt, sched = _setup()
+    fp = config_fingerprint({"train": {"lr": 1e-3, "steps": 10, "resume": "auto"}})
+    # steps / resume may change between a run and its resumption
+    assert fp == config_fingerprint({"train": {"lr": 1e-3, "steps": 50, "resume": "never"}})
+    save_checkpoint(tmp_path, model, opt, sched, TrainerState(step=2, extra={"fingerprint": fp}))
+    assert resolve_resume("auto", tmp_path, fp) is not None
+    other = config_fingerprint({"train": {"lr": 5e-4, "steps": 10}})
+    with pytest.raises(DataError, match="different training config"):
+        resolve_resume(str(list_checkpoints(tmp_path)[0]), tmp_path, other)
+    assert resolve_resume("auto", tmp_path, other) is None
+    assert list_checkpoints(tmp_path) == []

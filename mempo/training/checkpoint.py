@@ -148,16 +148,55 @@ def load_checkpoint(path: str | Path, model: Any, optimizer: Any, scheduler: Any
     )
 
 
-def resolve_resume(resume: str | None, root: str | Path) -> Path | None:
+# Keys that may change between a run and its resumption without changing what is trained.
+RESUME_SAFE_KEYS = frozenset({"resume", "steps", "max_steps", "checkpoint_every", "keep_checkpoints",
+                              "threads", "device", "eval_every", "val_every", "out"})
+
+
+def config_fingerprint(config: dict[str, Any]) -> str:
+    """sha256 of the training config (JSON, sorted), ignoring `RESUME_SAFE_KEYS` at any depth."""
+    import hashlib
+
+    def strip(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {k: strip(v) for k, v in obj.items() if k not in RESUME_SAFE_KEYS}
+        return obj
+
+    return hashlib.sha256(json.dumps(strip(config), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def checkpoint_fingerprint(path: str | Path) -> str | None:
+    """The config fingerprint a checkpoint was written with (None when it has none)."""
+    meta = json.loads((Path(path) / META_FILE).read_text(encoding="utf-8"))
+    return (meta.get("extra") or {}).get("fingerprint")
+
+
+def resolve_resume(resume: str | None, root: str | Path, fingerprint: str | None = None) -> Path | None:
     """`--resume` value -> checkpoint folder: None/"" or "never" -> None; "auto" -> newest
-    under `root` (None when there is none); anything else is a checkpoint path."""
+    under `root` (None when there is none); anything else is a checkpoint path.
+
+    With `fingerprint`, "auto" ignores checkpoints written under a different training config
+    (they are deleted with a warning, so a changed config never continues an old run, e.g.
+    after `dvc repro` with new params); an explicit path with a different config is an error.
+    """
+    import logging
+
     if not resume or resume == "never":
         return None
     if resume == "auto":
-        return latest_checkpoint(root)
+        found = latest_checkpoint(root)
+        if found is not None and fingerprint is not None and checkpoint_fingerprint(found) != fingerprint:
+            logging.getLogger(__name__).warning(
+                "checkpoints in %s were written with a different config; starting from scratch", root)
+            for old in list_checkpoints(root):
+                shutil.rmtree(old, ignore_errors=True)
+            return None
+        return found
     path = Path(resume)
     if not (path / STATE_FILE).exists():
         raise DataError("resume: not a checkpoint folder (no state.pt)", path=path)
+    if fingerprint is not None and checkpoint_fingerprint(path) != fingerprint:
+        raise DataError("resume: checkpoint was written with a different training config", path=path)
     return path
 
 

@@ -348,6 +348,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     from mempo.tracking import log_file, log_json, log_metrics, log_plot
     from mempo.training.checkpoint import (
         TrainerState,
+        config_fingerprint,
         load_checkpoint,
         resolve_resume,
         save_checkpoint,
@@ -372,8 +373,10 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     opt = torch.optim.AdamW(model.parameters(), lr=tp.lr, weight_decay=tp.weight_decay, betas=(0.9, 0.999))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(tp.warmup_steps, 1)))
     ckpt_root = out / "checkpoints"
-    state = TrainerState()
-    resume = resolve_resume(tp.resume, ckpt_root)
+    fingerprint = config_fingerprint({"train": tp.model_dump(), "agent": agent.model_dump(),
+                                      "mempo": mp.model_dump()})
+    state = TrainerState(extra={"fingerprint": fingerprint})
+    resume = resolve_resume(tp.resume, ckpt_root, fingerprint)
     if resume is not None:
         state = load_checkpoint(resume, model, opt, sched)
         log.info("resumed from %s at step %d", resume, state.step)

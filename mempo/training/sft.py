@@ -290,6 +290,7 @@ def _run_sft(params: Any) -> dict[str, Any]:
     from mempo.tracking import log_file, log_json, log_metrics, log_plot
     from mempo.training.checkpoint import (
         TrainerState,
+        config_fingerprint,
         load_checkpoint,
         resolve_resume,
         save_checkpoint,
@@ -332,8 +333,9 @@ def _run_sft(params: Any) -> dict[str, Any]:
 
     opt, sched = make_optimizer(model, p.lr, p.weight_decay, p.warmup_steps, total_steps)
     ckpt_root = out / "checkpoints"
-    state = TrainerState()
-    resume = resolve_resume(p.resume, ckpt_root)
+    fingerprint = config_fingerprint({"sft": p.model_dump(), "agent": params.agent.model_dump()})
+    state = TrainerState(extra={"fingerprint": fingerprint})
+    resume = resolve_resume(p.resume, ckpt_root, fingerprint)
     if resume is not None:
         state = load_checkpoint(resume, model, opt, sched)
         log.info("resumed from %s (step %d)", resume, state.step)
