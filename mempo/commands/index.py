@@ -35,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--faiss-gpu", action="store_true", default=None, help="build FAISS on GPU 0")
     b.add_argument("--ray", action="store_true", default=None, help="embed with Ray Data")
     b.add_argument("--ray-actors", type=int, default=None, help="Ray actor pool size")
+    b.add_argument("--reuse-embeddings", default=None, metavar="INDEX_DIR",
+                   help="reuse the embedding shards of a dense index of the same corpus/encoder")
     b.set_defaults(handler=_build)
 
 
@@ -53,6 +55,7 @@ def _build(args: argparse.Namespace) -> int:
         index_params=index_params, batch_size=p.batch_size, shard_size=p.shard_size,
         device=p.device, faiss_gpu=p.faiss_gpu, use_ray=p.ray, ray_actors=p.ray_actors,
         ray_address=p.ray_address or None, bm25_k1=p.bm25_k1, bm25_b=p.bm25_b,
+        reuse_embeddings_from=args.reuse_embeddings,
     )
     print(json.dumps({k: manifest.get(k) for k in ("method", "index_type", "count", "dim",
                                                    "build_seconds")}))

@@ -88,7 +88,7 @@ def build_index(
     out: str | Path,
     *,
     method: str = "bm25",
-    encoder: str = "all-MiniLM-L6-v2",
+    encoder: str | Any = "all-MiniLM-L6-v2",
     index_type: str = "flat",
     index_params: dict[str, Any] | None = None,
     batch_size: int = 64,
@@ -100,18 +100,23 @@ def build_index(
     ray_address: str | None = None,
     bm25_k1: float = 1.5,
     bm25_b: float = 0.75,
+    reuse_embeddings_from: str | Path | None = None,
     on_shard_done: Callable[[int, bool], None] | None = None,
 ) -> dict[str, Any]:
     """Build the index folder `out` from a wiki-18-format `corpus`. Returns the manifest.
 
     Args:
         method: "bm25" (bm25s) or "dense" (sentence-transformers + FAISS).
-        encoder: `all-MiniLM-L6-v2` (packaged) or a local model folder (e5 detected by name).
+        encoder: `all-MiniLM-L6-v2` (packaged), a local model folder (e5 detected by name),
+            or an already loaded `Encoder` (reused, not reloaded).
         index_type: flat | hnsw | ivfpq; `index_params` holds their knobs (see dense.py).
         batch_size: passages per encoder forward pass.
         shard_size: passages per embedding shard (the unit of resume).
         device: "cpu" or "cuda" for the encoder; `faiss_gpu` trains/adds on GPU 0.
         use_ray: embed each shard on a Ray actor pool of `ray_actors` actors.
+        reuse_embeddings_from: a dense index folder built from the same corpus with the same
+            encoder and shard size: its embedding shards are reused (hard-linked) instead of
+            re-embedding, to try another index type on the same vectors.
         on_shard_done: called as (shard index, reused) after each shard (tests, progress).
     """
     corpus, out = Path(corpus), Path(out)
@@ -155,11 +160,16 @@ def build_index(
         from mempo.retrieval.dense import effective_index_params
         from mempo.retrieval.encoder import Encoder
 
-        enc = Encoder(encoder, device=device, batch_size=batch_size)
+        enc = encoder if isinstance(encoder, Encoder) else Encoder(
+            encoder, device=device, batch_size=batch_size)
+        source = encoder if isinstance(encoder, str) else (
+            enc.name if enc.name == "all-MiniLM-L6-v2" else str(enc.path))
         described = enc.describe()
         state = {"corpus_sha256": corpus_sha, "encoder": described["name"], "dim": enc.dim,
                  "probe": described["probe"], "shard_size": shard_size}
         _prepare_work_dir(work, state)
+        if reuse_embeddings_from is not None:
+            _seed_shards(work, Path(reuse_embeddings_from), state)
         stats = {"embedded": 0, "reused": 0}
 
         def embed_shard(i: int, shard_texts: list[str]) -> None:
@@ -172,7 +182,7 @@ def build_index(
             if use_ray:
                 from mempo.retrieval.ray_embed import embed_with_ray
 
-                vecs = embed_with_ray(shard_texts, encoder=encoder, device=device,
+                vecs = embed_with_ray(shard_texts, encoder=source, device=device,
                                       batch_size=batch_size, num_actors=ray_actors,
                                       address=ray_address)
             else:
@@ -208,7 +218,7 @@ def build_index(
         # Shards beyond n_shards belong to an older, longer corpus with the same hash: none.
         manifest.update({
             "metric": "inner_product", "index_type": index_type, "index_params": params,
-            "encoder": {**described, "source": encoder}, "dim": enc.dim,
+            "encoder": {**described, "source": source}, "dim": enc.dim,
             "shards": n_shards, "shard_size": shard_size, "embedding_dtype": "float16",
             "resume": {"shards_embedded": stats["embedded"], "shards_reused": stats["reused"]},
         })
@@ -222,6 +232,27 @@ def build_index(
         os.replace(work, tmp)
     log.info("index written to %s (%d passages, %s)", out, count, method)
     return manifest
+
+
+def _seed_shards(work: Path, source: Path, state: dict[str, Any]) -> None:
+    """Link `source`'s embedding shards into `work` after checking they fit `state`."""
+    from mempo.errors import ConfigError
+
+    m = read_manifest(source)
+    enc = m.get("encoder") or {}
+    theirs = {"corpus_sha256": m["corpus"]["sha256"], "encoder": enc.get("name"),
+              "dim": m.get("dim"), "shard_size": m.get("shard_size")}
+    ours = {k: state[k] for k in theirs}
+    if m["method"] != "dense" or theirs != ours or enc.get("probe") != state["probe"]:
+        raise ConfigError(f"cannot reuse embeddings of {source}: built from {theirs}, this build "
+                          f"needs {ours}", field="reuse_embeddings_from")
+    for i in range(int(m["shards"])):
+        dst = shard_path(work, i)
+        if not dst.exists():
+            try:
+                os.link(shard_path(source, i), dst)
+            except OSError:  # another filesystem: copy instead
+                shutil.copyfile(shard_path(source, i), dst)
 
 
 def _index_from_shards(work: Path, n_shards: int, dim: int, index_type: str,
@@ -275,13 +306,14 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def load_index(index_dir: str | Path, *, encoder: str | None = None, device: str = "cpu",
+def load_index(index_dir: str | Path, *, encoder: str | Any | None = None, device: str = "cpu",
                batch_size: int = 64, search_params: dict[str, Any] | None = None) -> Any:
     """Open an index folder as an `InProcessRetriever`.
 
     Args:
-        encoder: the query encoder (dense only; default: the one in the manifest). Refused
-            with ConfigError when it does not embed like the index's encoder.
+        encoder: the query encoder, a name/path or a loaded `Encoder` (dense only; default:
+            the one in the manifest). Refused with ConfigError when it does not embed like
+            the index's encoder.
         search_params: override search-time knobs (`hnsw_ef_search`, `ivf_nprobe`,
             `pq_rerank`) without rebuilding.
     """
@@ -307,8 +339,8 @@ def load_index(index_dir: str | Path, *, encoder: str | None = None, device: str
     from mempo.retrieval.encoder import Encoder, check_encoder_matches
 
     built = manifest["encoder"]
-    enc = Encoder(encoder or built.get("source") or built["name"], device=device,
-                  batch_size=batch_size)
+    enc = encoder if isinstance(encoder, Encoder) else Encoder(
+        encoder or built.get("source") or built["name"], device=device, batch_size=batch_size)
     check_encoder_matches(built, enc)
     index = faiss.read_index(str(index_dir / INDEX_FILE))
     index_type = manifest["index_type"]
