@@ -13,7 +13,7 @@ import pytest
 
 from mempo.cli import main as cli_main
 from mempo.config import DataParams, DataSource, ValidateParams
-from mempo.errors import ValidationFailed
+from mempo.errors import DataError, ValidationFailed
 from mempo.validation import MARKER, REPORT, validate_data
 
 
@@ -136,6 +136,13 @@ def test_stale_marker_is_removed_when_a_rerun_fails(tmp_path: Path) -> None:
     assert (tmp_path / "v" / "qa" / MARKER).exists()
     qa.write_bytes(GOOD + GOOD)  # now a duplicate id
     with pytest.raises(ValidationFailed):
+        validate_data("qa", qa, params)
+    assert not (tmp_path / "v" / "qa" / MARKER).exists()
+    qa.write_bytes(GOOD)
+    validate_data("qa", qa, params)
+    assert (tmp_path / "v" / "qa" / MARKER).exists()
+    qa.unlink()  # data gone: the old verdict must not survive either
+    with pytest.raises(DataError):
         validate_data("qa", qa, params)
     assert not (tmp_path / "v" / "qa" / MARKER).exists()
 

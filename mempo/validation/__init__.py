@@ -62,6 +62,9 @@ def validate_data(
     data = Path(data)
     base = Path(params.out) / suite if report_dir == "default" else (
         None if report_dir is None else Path(report_dir))
+    if base is not None:
+        # Any earlier verdict is void from here on, even if this run cannot read the data.
+        (base / MARKER).unlink(missing_ok=True)
     normalize, questions = None, []
     if suite == "prepared" and eval_sets:
         from mempo.rewards import normalize_answer
