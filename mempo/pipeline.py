@@ -43,6 +43,36 @@ from mempo.errors import MempoError
 
 ENV_RETRIEVER_URL = "MEMPO_RETRIEVER_URL"
 
+# The smallest end-to-end run (every stage, minutes on 2 CPU cores): what the orchestration
+# tests run through DVC, Kubeflow (kfp.local) and Airflow. It proves the wiring, not quality.
+TINY_OVERRIDES: dict[str, Any] = {
+    "world.size": "tiny",
+    "data.compositions": [{"k": 1, "share": 1.0}],
+    "policy.hidden_size": 32, "policy.intermediate_size": 64, "policy.num_layers": 1,
+    "policy.vocab_size": 400,
+    "sft.max_questions": 8, "sft.multi_tasks": 0, "sft.val_questions": 4, "sft.max_steps": 2,
+    "sft.eval_every": 2, "sft.warmup_steps": 0,
+    "train.steps": 1, "train.batch_questions": 2, "train.n_rollouts": 2, "train.max_turns": 2,
+    "train.max_new_tokens": 24, "train.checkpoint_every": 1,
+    "eval.limit": 2, "eval.benchmarks": ["world"], "eval.agents": ["memory"], "eval.max_turns": 2,
+    "eval.max_new_tokens": 24, "eval.memory_probe": False,
+}
+
+
+def write_params_with(src: str | Path, dst: str | Path, overrides: dict[str, Any]) -> Path:
+    """Copy params file `src` to `dst` with dotted-key `overrides` applied (validated first).
+
+    Comments are not kept. Used to derive a run's params.yaml (e.g. the tiny profile).
+    """
+    from mempo.config import _set_dotted, load_params
+    from mempo.io import write_text
+
+    load_params(src, overrides=overrides)  # a bad key fails here, naming it
+    data = yaml.safe_load(Path(src).read_text(encoding="utf-8")) or {}
+    for key, value in overrides.items():
+        _set_dotted(data, key, value)
+    return write_text(dst, yaml.safe_dump(data, sort_keys=False))
+
 
 def _bin_dir() -> Path:
     return Path(sys.executable).parent
