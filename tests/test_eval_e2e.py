@@ -188,3 +188,60 @@ def test_openai_backend_against_a_loopback_completions_server(
     # Greedy decoding of the same weights: the server's answers equal the in-process ones.
     assert [r["transcript"] for r in res.rows] == [r["transcript"] for r in local.rows]
     assert all(math.isnan(r["memory_probe"]) for r in res.rows)   # no local model: no probe
+
+
+def test_ask_prints_memory_search_titles_and_answer(tiny_world: Path, engine: Engine) -> None:
+    from mempo.agent.rollout import RolloutConfig, run_episodes
+    from mempo.agent.teacher import ScriptedTeacher
+    from mempo.agent.tools import ToolEnv
+    from mempo.datasets import load_qa
+    from mempo.evaluation.ask import ask, format_episode
+    from mempo.evaluation.runner import EvalSettings
+
+    item = load_qa(tiny_world / "qa" / "test.jsonl")[0]
+    # The teacher needs the item's gold chain, which `ask` does not have: run its episode directly.
+    ep = run_episodes([item], ScriptedTeacher(engine.tokenizer), ToolEnv(engine.retriever, engine.tokenizer),
+                      engine.tokenizer, config=RolloutConfig(max_turns=8), progress=False)[0]
+    text = format_episode(ep, gold=item.golden_answers)
+    assert "Turn 1" in text and "memory:" in text and "search:" in text and "retrieved:" in text
+    assert f"Final answer: {ep.final_answer}" in text and "EM 1" in text
+    # `ask` itself, with the untrained policy: one episode, its turns printed, no answer.
+    untrained = ask(item.question, engine, EvalSettings(max_turns=2, max_new_tokens=16), gold=item.golden_answers)
+    assert untrained.num_turns == 2 and untrained.hit_turn_limit
+    assert "No answer within 2 turns" in format_episode(untrained)
+
+
+def test_cli_eval_and_ask_with_a_registry_reference(
+    tiny_world: Path, tiny_policy: Path, tmp_path: Path, mlflow_uri: str,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import mlflow
+
+    from mempo.cli import main
+    from mempo.registry import register_model
+
+    monkeypatch.setenv("MEMPO_PROJECT_ROOT", str(tmp_path))
+    metrics = tmp_path / "m.json"
+    metrics.write_text(json.dumps({"memory/world/em": 0.0}))
+    reg = register_model("tiny-agent", tiny_policy, metrics)
+    mlflow.MlflowClient().set_registered_model_alias("tiny-agent", "champion", reg.version)
+    common = ["--retriever", str(tiny_world / "corpus.jsonl")]
+    sets = ["--set", f"benchmarks.world={tiny_world / 'qa' / 'test.jsonl'}", "--set", "eval.max_new_tokens=8",
+            "--set", "eval.mlflow_genai_samples=0"]
+    rc = main([*sets, "eval", "--model", "models:/tiny-agent@champion", "--benchmarks", "world",
+               "--agents", "direct", "rag", "--limit", "3", "--out", str(tmp_path / "eval"), *common, "--no-track"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "report:" in out and "direct" in out
+    meta = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert (meta["model"], meta["model_name"], meta["model_version"]) == ("models:/tiny-agent@champion", "tiny-agent", reg.version)
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["direct/world/n"] == 3
+
+    rc = main([*sets, "ask", "Who founded Quaevzawick?", "--model", "models:/tiny-agent/1", "--max-turns", "1", *common])
+    assert rc == 0 and "Turn 1" in capsys.readouterr().out
+
+    rc = main([*sets, "eval", "--model", "models:/tiny-agent@nope", "--agents", "direct", *common, "--no-track"])
+    assert rc == 2 and "no model 'tiny-agent' with alias 'nope'" in capsys.readouterr().err
+    rc = main([*sets, "eval", "--model", str(tiny_policy), "--benchmarks", "musique", *common, "--no-track"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "benchmarks.musique" in err and "no file is configured" in err

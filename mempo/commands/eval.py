@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from mempo.commands import params_from
 
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--out", default=None, help="output folder (params: eval.out)")
     ev.add_argument("--retriever", default=None,
                     help="index folder, corpus .jsonl, or http://host:port of `mempo serve retriever` "
-                         "(params: eval.retriever)")
+                         "(default: $MEMPO_RETRIEVER_URL when the pipeline serves one, else params: eval.retriever)")
     ev.add_argument("--backend", choices=["hf", "openai"], default=None, help="params: eval.backend")
     ev.add_argument("--openai-url", default=None, help="backend openai: server base URL (params: eval.openai_url)")
     ev.add_argument("--served-model", default=None, help="backend openai: served model name (params: eval.served_model)")
@@ -49,13 +50,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     ask.set_defaults(handler=_ask)
 
 
+# Exported by `mempo pipeline run` while its retrieval service is up (see mempo.pipeline).
+ENV_RETRIEVER_URL = "MEMPO_RETRIEVER_URL"
+
+
+def _retriever_flag(value: str | None) -> str | None:
+    """--retriever, else the pipeline's service URL from MEMPO_RETRIEVER_URL, else None (params)."""
+    return value or os.environ.get(ENV_RETRIEVER_URL) or None
+
+
 def _eval(args: argparse.Namespace) -> int:
     from mempo.evaluation.report import format_value
     from mempo.evaluation.runner import run_eval
 
     params = params_from(args, {
         "eval.model": args.model, "eval.benchmarks": args.benchmarks, "eval.agents": args.agents,
-        "eval.out": args.out, "eval.retriever": args.retriever, "eval.backend": args.backend,
+        "eval.out": args.out, "eval.retriever": _retriever_flag(args.retriever), "eval.backend": args.backend,
         "eval.openai_url": args.openai_url, "eval.served_model": args.served_model,
         "eval.concurrency": args.concurrency, "eval.max_prompt_tokens": args.max_prompt_tokens,
         "eval.limit": args.limit, "eval.seed": args.seed, "eval.device": args.device,
@@ -76,7 +86,7 @@ def _ask(args: argparse.Namespace) -> int:
     from mempo.evaluation.runner import EvalSettings, load_engine
 
     p = params_from(args, {
-        "eval.model": args.model, "eval.retriever": args.retriever, "eval.backend": args.backend,
+        "eval.model": args.model, "eval.retriever": _retriever_flag(args.retriever), "eval.backend": args.backend,
         "eval.openai_url": args.openai_url, "eval.served_model": args.served_model,
         "eval.max_turns": args.max_turns, "eval.device": args.device,
     }).eval
