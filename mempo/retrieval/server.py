@@ -25,6 +25,7 @@ import hmac
 import json
 import logging
 import math
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -444,6 +445,17 @@ def serve_retriever(index_dir: str, *, host: str = "127.0.0.1", port: int = 8013
     retriever = load_index(index_dir, encoder=encoder, device=device)
     app = create_app(retriever, limits, retriever.manifest)
     log.info("serving %s on http://%s:%d", index_dir, host, port)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                timeout_graceful_shutdown=graceful_timeout_s)
-    retriever.close()
+
+    def stopped(signum: int, frame: Any) -> None:
+        # uvicorn drains in-flight requests, restores this handler and re-raises SIGTERM:
+        # a requested stop after a clean drain is a normal exit (0), not a crash (-15).
+        raise SystemExit(0)
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
+                    timeout_graceful_shutdown=graceful_timeout_s)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        retriever.close()
+        log.info("retrieval service stopped")
