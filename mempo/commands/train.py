@@ -41,6 +41,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     grpo.add_argument("--resume", default=None, help="auto | never | CHECKPOINT (params: train.resume)")
     grpo.set_defaults(handler=_grpo)
 
+    verl = add_subparser(tsub, "verl", "the scale path: MemPO as a verl 0.9.1 plug-in on Ray + GPUs (SGLang rollouts)")
+    verl.add_argument("--policy", default=None, help="start model folder (params: verl.policy)")
+    verl.add_argument("--data", default=None, help="prepared data folder with train/val.parquet (params: verl.data)")
+    verl.add_argument("--retriever", default=None, help="retrieval service URL reachable from every node (params: verl.retriever)")
+    verl.add_argument("--out", default=None, help="output folder: verl/checkpoints, model (params: verl.out)")
+    verl.add_argument("--ray-address", default=None, help='"" local head | auto | ray://host:10001 (params: verl.ray_address)')
+    verl.add_argument("--nnodes", type=int, default=None, help="Ray nodes (params: verl.nnodes)")
+    verl.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (params: verl.n_gpus_per_node)")
+    verl.add_argument("--steps", type=int, default=None, help="stop after N steps, 0 = epochs (params: verl.total_training_steps)")
+    verl.add_argument("--lambda-mem", type=float, default=None, help="weight of A^M (params: verl.lambda_mem, else train.lambda_mem)")
+    verl.add_argument("--dry-run", action="store_true", help="check the verl pin and plug-in, print the command, start nothing")
+    verl.add_argument("hydra_overrides", nargs="*", metavar="KEY=VALUE", help="extra verl Hydra overrides")
+    verl.set_defaults(handler=_verl)
+
 
 def _sft(args: argparse.Namespace) -> int:
     from mempo.training.sft import run_sft
@@ -65,4 +79,20 @@ def _grpo(args: argparse.Namespace) -> int:
     })
     metrics = run_grpo(params)
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
+    return 0
+
+
+def _verl(args: argparse.Namespace) -> int:
+    from mempo.training.verl_launch import launch_verl
+
+    params = params_from(args, {
+        "verl.policy": args.policy, "verl.data": args.data, "verl.retriever": args.retriever,
+        "verl.out": args.out, "verl.ray_address": args.ray_address, "verl.nnodes": args.nnodes,
+        "verl.n_gpus_per_node": args.gpus_per_node, "verl.total_training_steps": args.steps,
+        "verl.lambda_mem": args.lambda_mem,
+    })
+    if args.hydra_overrides:
+        params.verl.overrides = [*params.verl.overrides, *args.hydra_overrides]
+    summary = launch_verl(params, dry_run=args.dry_run)
+    print(json.dumps(summary, indent=2))
     return 0

@@ -1,0 +1,174 @@
+"""`mempo train verl` on CPU: the planned command is accepted and composed by verl's own
+entry point (`main_ppo --cfg job`), inputs and the verl pin are checked, and a checkpoint in
+verl's FSDP layout is merged to an HF folder by `verl.model_merger`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from verl_cpu_helpers import subprocess_env, tiny_policy  # noqa: F401
+
+from mempo.config import load_params
+from mempo.errors import ConfigError, DataError
+from mempo.training.verl_launch import (
+    check_inputs,
+    check_verl_install,
+    hydra_value,
+    latest_checkpoint,
+    merge_checkpoint,
+    plan_verl_run,
+    write_tool_config,
+)
+
+
+def _params(tmp_path: Path, policy: Path, **extra):
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    overrides = {"verl.policy": str(policy), "verl.data": str(data), "verl.out": str(tmp_path / "train"),
+                 "verl.retriever": "http://10.1.2.3:8013", **extra}
+    return load_params(None, overrides=overrides)
+
+
+def _fsdp_checkpoint(policy: Path, root: Path, step: int) -> Path:
+    """A world-size-1 checkpoint in the layout verl's FSDP checkpoint manager writes."""
+    from transformers import AutoModelForCausalLM
+
+    actor = root / f"global_step_{step}" / "actor"
+    (actor / "huggingface").mkdir(parents=True)
+    model = AutoModelForCausalLM.from_pretrained(policy)
+    with torch.no_grad():  # a visible "training" change, so the merge is not a copy of the start
+        model.model.embed_tokens.weight.mul_(1.5)
+    torch.save(model.state_dict(), actor / "model_world_size_1_rank_0.pt")
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
+    for f in policy.iterdir():
+        if f.suffix in (".json", ".jinja") and f.name != "policy.json":
+            (actor / "huggingface" / f.name).write_bytes(f.read_bytes())
+    (root / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return actor.parent
+
+
+@pytest.fixture(scope="module")
+def launched(tiny_policy, tmp_path_factory):  # noqa: F811
+    """Run verl's entry point on the planned command (--cfg job) and the merger, concurrently."""
+    tmp = tmp_path_factory.mktemp("launch")
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{tmp / 'mlflow.db'}")
+    params = _params(tmp, tiny_policy, **{"verl.nnodes": 2, "verl.n_gpus_per_node": 4, "verl.lambda_mem": 0.25,
+                                          "verl.overrides": ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]})
+    plan = plan_verl_run(params, mlflow_run_id="0123abcd")
+    cfg_proc = subprocess.Popen([*plan.command, "--cfg", "job", "--resolve"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**subprocess_env(), **plan.env})
+    step = _fsdp_checkpoint(tiny_policy, tmp / "ckpt", step=7)
+    merged = merge_checkpoint(latest_checkpoint(tmp / "ckpt"), tmp / "train" / "model")
+    stdout, stderr = cfg_proc.communicate(timeout=300)
+    return {"plan": plan, "rc": cfg_proc.returncode, "stdout": stdout, "stderr": stderr, "step": step,
+            "merged": merged, "params": params}
+
+
+def test_verl_entry_point_composes_the_planned_command(launched):
+    assert launched["rc"] == 0, launched["stderr"][-2000:]
+    cfg = yaml.safe_load(launched["stdout"])
+    plan, params = launched["plan"], launched["params"]
+    assert cfg["actor_rollout_ref"]["model"]["path"] == str(Path(params.verl.policy).resolve())
+    assert cfg["data"]["train_files"].endswith("/data/train.parquet")
+    assert cfg["actor_rollout_ref"]["rollout"]["multi_turn"]["tool_config_path"] == str(plan.tool_config)
+    assert cfg["trainer"]["nnodes"] == 2 and cfg["trainer"]["n_gpus_per_node"] == 4
+    assert cfg["trainer"]["default_local_dir"] == str(plan.checkpoint_dir)
+    assert cfg["trainer"]["v1"]["trainer_mode"] == "mempo_sync" and cfg["trainer"]["resume_mode"] == "auto"
+    assert cfg["mempo"]["lambda_mem"] == 0.25 and cfg["mempo"]["eps"] == "previous"
+    assert cfg["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 2  # extra override
+    env_vars = cfg["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
+    assert env_vars["MLFLOW_TRACKING_URI"] == os.environ["MLFLOW_TRACKING_URI"]
+    assert env_vars["MLFLOW_RUN_ID"] == "0123abcd"
+    assert env_vars["VERL_USE_EXTERNAL_MODULES"] == "mempo.verl_plugin"
+
+
+def test_checkpoint_merged_to_hf_folder_by_verl_model_merger(launched, tiny_policy):  # noqa: F811
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    merged = launched["merged"]
+    model = AutoModelForCausalLM.from_pretrained(merged)
+    start = AutoModelForCausalLM.from_pretrained(tiny_policy)
+    assert model.dtype == torch.bfloat16  # verl's merger writes bf16, as for the 7B runs
+
+    def as_saved(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.bfloat16).float()
+
+    torch.testing.assert_close(model.model.embed_tokens.weight.float(), as_saved(start.model.embed_tokens.weight * 1.5))
+    torch.testing.assert_close(model.model.layers[0].mlp.up_proj.weight.float(),
+                               as_saved(start.model.layers[0].mlp.up_proj.weight))
+    assert AutoTokenizer.from_pretrained(merged).encode("<mem>") == AutoTokenizer.from_pretrained(
+        tiny_policy).encode("<mem>")
+    assert latest_checkpoint(launched["step"].parent) == launched["step"]
+
+
+def test_plan_takes_lambda_from_train_section_and_joins_a_cluster(tmp_path, tiny_policy, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///x.db")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    plan = plan_verl_run(_params(tmp_path, tiny_policy, **{"train.lambda_mem": 0.0, "verl.ray_address": "auto"}))
+    assert "mempo.lambda_mem=0.0" in plan.overrides
+    assert plan.env["RAY_ADDRESS"] == "auto" and plan.env["MLFLOW_TRACKING_URI"] == "sqlite:///x.db"
+    assert "MLFLOW_RUN_ID" not in plan.env
+    assert plan.command[1:4] == ["-m", "verl.trainer.main_ppo", "--config-path"]
+    assert plan.model_dir == (tmp_path / "train" / "model").resolve()
+    local = plan_verl_run(_params(tmp_path, tiny_policy))
+    assert "RAY_ADDRESS" not in local.env  # verl's ray.init() starts a local head
+
+
+def test_hydra_values_quote_only_when_needed():
+    assert hydra_value("outputs/data/train.parquet") == "outputs/data/train.parquet"
+    assert hydra_value("sqlite:////tmp/m.db") == "'sqlite:////tmp/m.db'"
+    assert hydra_value("1.0") == "'1.0'" and hydra_value("true") == "'true'"
+    assert hydra_value("it's") == "'it\\'s'"
+    assert hydra_value(True) == "true" and hydra_value(None) == "null" and hydra_value(1e-6) == "1e-06"
+    assert hydra_value(["a", 2]) == "[a,2]"
+
+
+def test_tool_config_gets_the_retriever_and_loads_in_verl(tmp_path, tiny_policy):  # noqa: F811
+    from verl.tools.tool_registry import initialize_tools_from_config
+
+    plan = plan_verl_run(_params(tmp_path, tiny_policy))
+    path = write_tool_config(plan)
+    tools = initialize_tools_from_config(str(path))
+    assert tools[0].settings.retriever == "http://10.1.2.3:8013"
+    assert tools[0].settings.timeout_s == 10.0
+
+
+def test_missing_inputs_are_named(tmp_path, tiny_policy):  # noqa: F811
+    params = _params(tmp_path, tiny_policy)
+    plan = plan_verl_run(params)
+    with pytest.raises(DataError, match="train.parquet"):
+        check_inputs(plan, params)
+    (Path(params.verl.data) / "train.parquet").write_bytes(b"")
+    with pytest.raises(DataError, match="val.parquet"):
+        check_inputs(plan, params)
+    no_policy = _params(tmp_path, tmp_path / "nowhere")
+    with pytest.raises(DataError, match="config.json"):
+        check_inputs(plan_verl_run(no_policy), no_policy)
+
+
+def test_verl_pin_is_checked(tmp_path):
+    assert check_verl_install() == "0.9.1"
+    wrong = tmp_path / "REQUIRED_VERL.txt"
+    wrong.write_text("verl==0.8.0\n")
+    with pytest.raises(ConfigError, match="pinned to 0.8.0"):
+        check_verl_install(wrong)
+
+
+def test_cli_dry_run_prints_the_command(tmp_path, tiny_policy, capsys, monkeypatch):  # noqa: F811
+    from mempo.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    rc = main(["--params", str(tmp_path / "none.yaml"), "train", "verl", "--dry-run", "--policy", str(tiny_policy),
+               "--nnodes", "3", "trainer.save_freq=5"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dry_run"] is True and out["verl"] == "0.9.1"
+    assert "verl.trainer.main_ppo" in out["command"] and "trainer.nnodes=3" in out["command"]
+    assert out["command"].rstrip().endswith("trainer.save_freq=5")
+    assert not (Path(out["out"]) / "verl").exists()  # a dry run writes nothing
