@@ -15,7 +15,7 @@ export DVC_NO_ANALYTICS := 1
 export MLFLOW_ENABLE_ASYNC_LOGGING := false
 LINT_PATHS = $(wildcard mempo tests benchmarks components pipelines dags)
 
-.PHONY: help setup run test test-fast bench bench-quick lint format compile clean lock
+.PHONY: help setup run test test-fast bench bench-quick lint format compile clean lock train-verl
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-12s\033[0m %s\n",$$1,$$2}'
@@ -41,6 +41,9 @@ bench: setup ## run the benchmarks in full (writes benchmarks/results/*.json)
 
 bench-quick: setup ## run the benchmarks with --quick
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done
+
+train-verl: setup ## MemPO on verl 0.9.1 + Ray + GPUs (needs GPUs; see README "Multi-node"); VERL_ARGS="--ray-address auto ..."
+	$(BIN)/mempo train verl $(VERL_ARGS)
 
 lint: setup ## ruff check
 	$(BIN)/ruff check $(LINT_PATHS)
