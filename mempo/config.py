@@ -281,7 +281,7 @@ class PipelineParams(Section):
 
     experiment: str = "mempo"
     serve_retriever: bool = True
-    retriever_stages: list[str] = Field(default_factory=lambda: ["train", "eval"])
+    retriever_stages: list[str] = Field(default_factory=lambda: ["sft", "train", "eval"])
     index_stage: str = "index"
     index_dir: str = "outputs/index"
     retriever_host: str = "127.0.0.1"

@@ -202,6 +202,7 @@ class PipelineResult:
     ran: list[str]
     parent_run_id: str | None
     retriever_url: str | None = None
+    retriever_stages: list[str] = field(default_factory=list)
     promotion: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -251,6 +252,8 @@ def run_pipeline(
                                        start_timeout_s=pp.retriever_start_timeout_s,
                                        log_path=root / "outputs" / "retriever.log") as url:
                     result.retriever_url = url
+                    result.retriever_stages = [s for s in pp.retriever_stages if s in will_run]
+                    print(f"retrieval service up at {url} for {', '.join(result.retriever_stages)}", flush=True)
                     _repro(root, False, targets, {ENV_RETRIEVER_URL: url})
             else:
                 _repro(root, force, targets, {})
@@ -309,6 +312,9 @@ def summarize(root: str | Path = ".", result: PipelineResult | None = None) -> l
         lines.append(f"Registered:  {reg['model_uri']} (MLflow run {reg['run_id']})")
     if result is not None and result.promotion is not None:
         lines.append(f"Promotion:   {result.promotion['summary']}")
+    if result is not None and result.retriever_url:
+        lines.append(f"Retriever:   the retrieval service at {result.retriever_url} served "
+                     f"{', '.join(result.retriever_stages)} and was stopped")
     if result is not None and result.parent_run_id:
         lines.append(f"Parent run:  {result.parent_run_id}")
     return lines
