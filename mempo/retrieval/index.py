@@ -115,7 +115,7 @@ def build_index(
         device: "cpu" or "cuda" for the encoder; `faiss_gpu` trains/adds on GPU 0.
         use_ray: embed each shard on a Ray actor pool of `ray_actors` actors.
         reuse_embeddings_from: a dense index folder built from the same corpus with the same
-            encoder and shard size: its embedding shards are reused (hard-linked) instead of
+            encoder: its embedding shards (and shard size) are reused, hard-linked, instead of
             re-embedding, to try another index type on the same vectors.
         on_shard_done: called as (shard index, reused) after each shard (tests, progress).
     """
@@ -160,6 +160,9 @@ def build_index(
         from mempo.retrieval.dense import effective_index_params
         from mempo.retrieval.encoder import Encoder
 
+        if reuse_embeddings_from is not None:
+            # Shard files are the unit being reused, so the source's shard size wins.
+            shard_size = int(read_manifest(reuse_embeddings_from).get("shard_size") or shard_size)
         enc = encoder if isinstance(encoder, Encoder) else Encoder(
             encoder, device=device, batch_size=batch_size)
         source = encoder if isinstance(encoder, str) else (
