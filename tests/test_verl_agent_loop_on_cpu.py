@@ -95,6 +95,7 @@ def test_one_output_per_turn_with_masks(episode):
             assert memory in masked and "think" not in masked
             assert out.extra_fields["memory"] == memory
     assert [o.extra_fields["turn_valid"] for o in outs] == [True, False, True, True]
+    assert [o.num_turns for o in outs] == [8] * 4
     assert outs[-1].extra_fields["mempo_turn_texts"] == turns
     assert all("mempo_turn_texts" not in o.extra_fields for o in outs[:-1])
 
@@ -110,6 +111,7 @@ def test_prompts_hold_only_question_last_memory_and_last_result(episode):
         assert qa["question"] in prompts[t]
         assert calls[t]["sampling_params"]["stop"] == ["</search>", "</answer>", "</access>"]
         assert calls[t]["sampling_params"]["max_tokens"] == 64
+        assert calls[t]["sampling_params"]["no_stop_trim"] is True  # rollout.name=sglang
     # turn 1 sees turn 0's memory and search with its retrieved passages
     assert "nothing found yet" in prompts[1] and "<information>" in prompts[1]
     assert "Doc 1(Title:" in prompts[1]

@@ -56,6 +56,12 @@ from mempo.verl_plugin.tool import TOOL_NAME, RetrievalTool
 
 log = logging.getLogger(__name__)
 
+# Per rollout backend: the sampling flag that keeps a matched stop string in the output.
+KEEP_STOP_STRING: dict[str, dict[str, bool]] = {
+    "sglang": {"no_stop_trim": True},
+    "vllm": {"include_stop_str_in_output": True},
+}
+
 
 @dataclass(frozen=True)
 class MemAgentSettings:
@@ -144,6 +150,9 @@ class MemAgentLoop(AgentLoopBase):
         params = dict(sampling_params)
         params["max_tokens"] = min(self.settings.max_new_tokens, self.response_length)
         params["stop"] = list(STOP_SEQUENCES)
+        # keep the stop string (the closing action tag) in the returned tokens: the turn is
+        # trained on exactly what the policy generated, and the parser needs the closing tag
+        params.update(KEEP_STOP_STRING.get(str(self.rollout_config.name), {}))
         request_id = uuid4().hex
 
         outputs: list[AgentLoopOutput] = []
@@ -216,6 +225,8 @@ class MemAgentLoop(AgentLoopBase):
                 await self.tool.release(instance_id)
 
         await self._score_memories(outputs, question, answer, memories, full_messages)
+        for out in outputs:  # verl's num_turns metric: chat turns of the whole episode
+            out.num_turns = 2 * len(outputs)
         outputs[-1].extra_fields["mempo_turn_texts"] = turn_texts
         return outputs
 
