@@ -49,12 +49,13 @@ from mempo.agent.format import (
 )
 
 # Sampling parameters for a prompt-log-prob request (forward pass only; temperature has no
-# effect on prompt log-probs, max_tokens=1 avoids SGLang's empty-output corner case).
+# effect on prompt log-probs, max_tokens=1 avoids SGLang's empty-output corner case). Only
+# keys both verl servers accept: verl's SGLang server translates max_tokens/prompt_logprobs
+# and hands the rest to SGLang's SamplingParams.
 PROMPT_LOGPROB_SAMPLING: dict[str, Any] = {
     "max_tokens": 1,
     "temperature": 1.0,
     "prompt_logprobs": 0,
-    "detokenize": False,
 }
 
 
