@@ -224,7 +224,7 @@ class MemAgentLoop(AgentLoopBase):
             if self.tool is not None and instance_id is not None:
                 await self.tool.release(instance_id)
 
-        await self._score_memories(outputs, question, answer, memories, full_messages)
+        await self._score_memories(outputs, question, answer, memories, full_messages, request_id)
         for out in outputs:  # verl's num_turns metric: chat turns of the whole episode
             out.num_turns = 2 * len(outputs)
         outputs[-1].extra_fields["mempo_turn_texts"] = turn_texts
@@ -232,7 +232,7 @@ class MemAgentLoop(AgentLoopBase):
 
     async def _score_memories(
         self, outputs: list[AgentLoopOutput], question: str, answer: str | None,
-        memories: list[str | None], full_messages: list[list[dict[str, str]]],
+        memories: list[str | None], full_messages: list[list[dict[str, str]]], request_id: str,
     ) -> None:
         """Write mem_prob / mem_logprob (and full_* with eps=full_context) into each turn."""
         if self.settings.lambda_mem == 0 or not answer:
@@ -240,12 +240,13 @@ class MemAgentLoop(AgentLoopBase):
                 out.extra_fields.update(mem_prob=0.0, mem_logprob=0.0)
             return
         probes = [memory_probe(self.tokenizer, question, m, answer) for m in memories]
-        ap = await answer_probability_from_server(self.server_manager, probes, self.settings.probe_concurrency)
+        ap = await answer_probability_from_server(
+            self.server_manager, probes, self.settings.probe_concurrency, request_id)
         for k, out in enumerate(outputs):
             out.extra_fields.update(mem_prob=float(ap.prob[k]), mem_logprob=float(ap.mean_logprob[k]))
         if full_messages:
             full_probes = [full_context_probe(self.tokenizer, msgs, answer) for msgs in full_messages]
             fp = await answer_probability_from_server(
-                self.server_manager, full_probes, self.settings.probe_concurrency)
+                self.server_manager, full_probes, self.settings.probe_concurrency, request_id)
             for k, out in enumerate(outputs):
                 out.extra_fields.update(full_prob=float(fp.prob[k]), full_logprob=float(fp.mean_logprob[k]))

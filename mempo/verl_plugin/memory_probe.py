@@ -110,7 +110,8 @@ def answer_logprobs_from_prompt_logprobs(
 
 
 async def answer_probability_from_server(
-    server_manager: Any, probes: Sequence[AnswerProbe], max_concurrency: int = 64
+    server_manager: Any, probes: Sequence[AnswerProbe], max_concurrency: int = 64,
+    request_id: str | None = None,
 ) -> AnswerProbability:
     """Teacher-forced answer probabilities from the rollout server, one request per probe.
 
@@ -120,6 +121,9 @@ async def answer_probability_from_server(
             whose `extra_fields["prompt_logprobs"]` follows verl's contract).
         probes: N probes.
         max_concurrency: requests in flight at once.
+        request_id: verl routes requests with the same id to the same server replica; the
+            agent loop passes its episode's id so probes hit that replica's prefix cache
+            (None: a fresh id per probe, spread over replicas).
     Returns:
         `AnswerProbability` with tensors [N] (prob = exp(mean log p) per probe).
     """
@@ -128,7 +132,7 @@ async def answer_probability_from_server(
     async def one(probe: AnswerProbe) -> torch.Tensor:
         async with gate:
             out = await server_manager.generate(
-                request_id=uuid4().hex,
+                request_id=request_id or uuid4().hex,
                 prompt_ids=probe.prompt_ids + probe.answer_ids,
                 sampling_params=dict(PROMPT_LOGPROB_SAMPLING),
             )
