@@ -230,3 +230,43 @@ def test_retrieval_tool_timeout_becomes_an_observation():
     assert reward == 0.0
     bad, _, bad_info = asyncio.run(tool.execute("x", {"action": "delete", "query": "q"}))
     assert bad_info["ok"] is False and "Invalid tool call" in bad.text
+
+
+def test_data_stage_parquet_row_through_verls_dataset_drives_the_loop(tiny_policy, tiny_world, tmp_path):  # noqa: F811
+    """The data stage's parquet, read by verl's RLHFDataset, gives every field mem_agent and
+    the reward need (a 2-objective task: question in extra_info, answers 'a1; a2')."""
+    from transformers import AutoTokenizer
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    from mempo.config import load_params
+    from mempo.data.prepare import prepare_data
+    from mempo.verl_plugin.reward import compute_score
+
+    qa = tiny_world / "qa"
+    params = load_params(None, overrides={
+        "data.sources": [{"name": "world", "path": str(qa / "train.jsonl"), "split": "train"},
+                         {"name": "world", "path": str(qa / "val.jsonl"), "split": "val"}],
+        "data.eval_sets": [str(qa / "test.jsonl")], "data.out": str(tmp_path / "data"), "data.gate": False})
+    prepare_data(params.data, params.validate)
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    cfg = compose_mempo_config([f"actor_rollout_ref.model.path={tiny_policy}", "data.max_prompt_length=1024",
+                                f"data.train_files={tmp_path / 'data' / 'train.parquet'}", "data.val_files=x"])
+    dataset = create_rl_dataset(cfg.data.train_files, cfg.data, tok, None, is_train=True)
+    row = next(dataset[i] for i in range(len(dataset)) if dataset[i]["extra_info"]["k"] == 2)
+    assert row["agent_name"] == "mem_agent"
+    gold = row["reward_model"]["ground_truth"]["target"][0]
+    assert ";" in gold  # "a1; a2"
+    turns = ["<mem> none yet </mem> <search> first part </search>",
+             f"<mem> both found </mem> <think> done </think> <answer> {gold} </answer>"]
+    server = ScriptedServer(tok, turns, model=None)
+    server.prompt_logprobs = lambda ids: {"prompt_logprobs": [[-0.25]] * len(ids)}  # a flat model
+    loop = _make_loop(tiny_policy, tiny_world, server)
+    outs = asyncio.run(loop.run({"temperature": 1.0}, **row))
+    assert len(outs) == 2
+    assert row["extra_info"]["question"] in tok.decode(outs[0].prompt_ids)
+    assert [o.extra_fields["mem_prob"] for o in outs] == pytest.approx([float(torch.tensor(-0.25).exp())] * 2)
+    extra = {**row["extra_info"], **outs[-1].extra_fields}
+    final = tok.decode(outs[-1].response_ids, skip_special_tokens=True)
+    assert compute_score(row["data_source"], final, row["reward_model"]["ground_truth"], extra) == 1.0
+    wrong = {**extra, "mempo_turn_texts": [turns[0], turns[1].replace(gold, "nobody; nowhere")]}
+    assert compute_score(row["data_source"], final, row["reward_model"]["ground_truth"], wrong) == 0.0
