@@ -41,7 +41,7 @@ def _params(tiny_world: Path, tiny_policy: Path, out: Path, **eval_over: Any) ->
     over: dict[str, Any] = {
         "eval.model": str(tiny_policy), "eval.retriever": str(tiny_world / "corpus.jsonl"),
         "eval.benchmarks": ["world"], "eval.limit": 20, "eval.out": str(out),
-        "eval.max_new_tokens": 24, "eval.max_turns": 2, "eval.concurrency": 20, "eval.mlflow_genai_samples": 0,
+        "eval.max_new_tokens": 16, "eval.max_turns": 2, "eval.concurrency": 20, "eval.mlflow_genai_samples": 0,
         "benchmarks.world": str(tiny_world / "qa" / "test.jsonl"),
     }
     over.update({f"eval.{k}": v for k, v in eval_over.items()})
@@ -68,9 +68,9 @@ def _check_outputs(out: Path, agents: list[str], benches: list[str], n: int) -> 
 
 def test_eval_tiny_policy_all_agents_in_process(tiny_world: Path, tiny_policy: Path, engine: Engine,
                                                 tmp_path: Path) -> None:
-    p = _params(tiny_world, tiny_policy, tmp_path / "eval", benchmarks=["world", "world-k2"], limit=6)
+    p = _params(tiny_world, tiny_policy, tmp_path / "eval", benchmarks=["world", "world-k2"], limit=5)
     res = run_eval(p.eval, p.benchmarks, engine=engine, track=False)
-    metrics = _check_outputs(tmp_path / "eval", list(AGENTS), ["world", "world-k2"], 6)
+    metrics = _check_outputs(tmp_path / "eval", list(AGENTS), ["world", "world-k2"], 5)
     assert metrics == json.loads((tmp_path / "eval" / "metrics.json").read_text()) == res.metrics
     samples = pd.read_parquet(tmp_path / "eval" / "samples.parquet")
     # Turn limits: 2 turns per objective -> 2 for world, 4 for world-k2; single-turn agents 1.
@@ -81,10 +81,10 @@ def test_eval_tiny_policy_all_agents_in_process(tiny_world: Path, tiny_policy: P
     # The multi-objective keys exist only for the k = 2 benchmark.
     assert "memory/world-k2/all_correct" in metrics and "memory/world/all_correct" not in metrics
     # Deterministic: greedy decoding gives the same samples a second time.
-    p.eval.agents = ["memory", "rag"]
+    p.eval.agents, p.eval.benchmarks = ["memory", "rag"], ["world"]
     again = run_eval(p.eval, p.benchmarks, engine=engine, track=False)
     cols = ["agent", "benchmark", "id", "prediction", "turns", "peak_prompt_tokens", "transcript"]
-    first = [{c: r[c] for c in cols} for r in res.rows if r["agent"] in ("memory", "rag")]
+    first = [{c: r[c] for c in cols} for r in res.rows if r["agent"] in ("memory", "rag") and r["benchmark"] == "world"]
     assert [{c: r[c] for c in cols} for r in again.rows] == first
 
 
@@ -177,7 +177,7 @@ def test_openai_backend_against_a_loopback_completions_server(
 ) -> None:
     from mempo.evaluation.openai_server import serve_completions
 
-    p = _params(tiny_world, tiny_policy, tmp_path / "eval", limit=4, agents=["memory", "direct"],
+    p = _params(tiny_world, tiny_policy, tmp_path / "eval", limit=3, agents=["memory", "direct"],
                 backend="openai", served_model="tiny")
     with serve_completions(tiny_policy, served_name="tiny") as url:
         p.eval.openai_url = url

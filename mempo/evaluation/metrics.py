@@ -48,7 +48,8 @@ SAMPLE_COLUMNS = (
     "golden_answers",     # list[str]
     "prediction",         # the final <answer> text, "" when none
     "k",                  # objectives in the task
-    *MEAN_METRICS,
+    *MEAN_METRICS,        # latency_s: an episode's first turn request to its end (episodes run
+                          # concurrently, their turns batched); single-turn agents: their batch's call
     "hit_turn_limit",     # 0/1: stopped by max_turns without an answer
     "prompt_tokens_by_turn",  # list[int], prompt length of each turn (tokens)
     "final_memory",       # the last <mem> text ("" for agents without one)

@@ -557,7 +557,9 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
         }
         from mempo.tracking import log_metrics, log_plot, stage_run
 
-        data = {n: paths["world" if n.startswith("world-k") else n] for n in items}
+        # Lineage: each source file once (the world-k* tasks are composed from `world`).
+        sources = dict.fromkeys("world" if n.startswith("world-k") else n for n in items)
+        data = {f"benchmark_{n}": paths[n] for n in sources}
         run_cm: Any = (
             stage_run("eval", params=p, data=data, tags={f"mempo.{k}": v for k, v in model.describe().items()})
             if track else contextlib.nullcontext(None)
