@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from mempo.agent.format import parse_turn
 from mempo.evaluation.agents import (
@@ -81,3 +82,16 @@ def test_single_turn_layouts_and_forced_answer_parsing() -> None:
     assert "<search> Q? </search>" in rag[1]["content"] and "Zha Traiwur" in rag[1]["content"]
     assert forced_answer_text(" Zha Traiwur </answer>") == ("Zha Traiwur", True)
     assert forced_answer_text(" Zha Traiwur and more") == ("Zha Traiwur and more", False)
+
+
+@pytest.mark.slow  # loading sentence-transformers takes 10-60 s on the shared CPUs
+def test_sentence_encoder_option_uses_the_retrieval_encoder_and_memoises() -> None:
+    from mempo.evaluation.vector_store import make_encoder
+
+    enc = make_encoder("all-MiniLM-L6-v2")
+    vecs = enc.encode(["Syndkindale mayor", "The mayor of Syndkindale is Zha Traiwur.", "Syndkindale mayor"])
+    assert vecs.shape == (3, enc.dim) and np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
+    assert np.array_equal(vecs[0], vecs[2])
+    store = EpisodeVectorStore(enc)
+    store.add(observation_snippets(OBS1) + observation_snippets(OBS2))
+    assert store.top("who founded Quaevzawick", 1) == ["(Title: Quaevzawick) Quaevzawick was founded by Thys Dreindreilvaix."]
