@@ -81,17 +81,28 @@ def test_sft_trains_on_assistant_tokens_and_saves_an_hf_folder(setup: dict[str, 
     AutoModelForCausalLM.from_pretrained(setup["sft"] / "model")
 
 
-def test_grpo_three_steps_log_metrics_to_mlflow(setup: dict[str, Path], tmp_path: Path, mlflow_uri: str) -> None:
-    import mlflow
-
+@pytest.fixture(scope="module")
+def grpo_run(setup: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """One uninterrupted 3-step run (checkpoint at step 2), tracked in its own MLflow store."""
     from mempo.config import load_params
     from mempo.training.grpo import run_grpo
 
-    params = load_params(None, _grpo_overrides(setup, tmp_path / "run"))
-    metrics = run_grpo(params)
-    assert metrics["steps"] == 3
-    assert 0.0 <= metrics["mem_scoring_share"] < 1.0
-    client = mlflow.MlflowClient(mlflow_uri)
+    root = tmp_path_factory.mktemp("grpo")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        mp.setenv("MLFLOW_ARTIFACTS_DESTINATION", str(root / "mlartifacts"))
+        metrics = run_grpo(load_params(None, _grpo_overrides(setup, root / "run")))
+    return {"uri": uri, "out": root / "run", "metrics": metrics}
+
+
+def test_grpo_three_steps_log_metrics_to_mlflow(grpo_run: dict[str, object]) -> None:
+    import mlflow
+
+    metrics, out, uri = grpo_run["metrics"], Path(grpo_run["out"]), str(grpo_run["uri"])
+    assert metrics["steps"] == 3  # type: ignore[index]
+    assert 0.0 <= metrics["mem_scoring_share"] < 1.0  # type: ignore[index]
+    client = mlflow.MlflowClient(uri)
     run = client.search_runs([client.get_experiment_by_name("mempo").experiment_id])[0]
     assert run.info.status == "FINISHED"
     for key in GRPO_KEYS:
@@ -100,8 +111,8 @@ def test_grpo_three_steps_log_metrics_to_mlflow(setup: dict[str, Path], tmp_path
     assert run.data.params["train.lambda_mem"] == "1.0"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
     assert "model/config.json" in artifacts
-    assert (tmp_path / "run" / "model" / "model.safetensors").exists()
-    assert (tmp_path / "run" / "plots" / "train_reward.png").exists()
+    assert (out / "model" / "model.safetensors").exists()
+    assert (out / "plots" / "train_reward.png").exists()
 
 
 def test_grpo_exception_ends_the_mlflow_run_failed(setup: dict[str, Path], tmp_path: Path, mlflow_uri: str,
@@ -129,17 +140,13 @@ def _tensors(path: Path) -> dict:
     return load_file(str(path / "model" / "model.safetensors"))
 
 
-def test_sigkill_after_a_checkpoint_then_resume_gives_the_same_weights(setup: dict[str, Path], tmp_path: Path) -> None:
+def test_sigkill_after_a_checkpoint_then_resume_gives_the_same_weights(
+    setup: dict[str, Path], grpo_run: dict[str, object], tmp_path: Path
+) -> None:
     import torch
 
-    from mempo.config import load_params
-    from mempo.training.grpo import run_grpo
-
-    over = _grpo_overrides(setup, tmp_path / "straight", **{"train.steps": 4})
-    run_grpo(load_params(None, over), tracking=False)
-
     killed = tmp_path / "killed"
-    sets = [f"--set={k}={v}" for k, v in _grpo_overrides(setup, killed, **{"train.steps": 4}).items()]
+    sets = [f"--set={k}={v}" for k, v in _grpo_overrides(setup, killed).items()]
     env = {**os.environ, "MEMPO_TRACKING": "0", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "mempo", "--params", str(tmp_path / "none.yaml"), *sets, "train", "grpo"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -155,7 +162,8 @@ def test_sigkill_after_a_checkpoint_then_resume_gives_the_same_weights(setup: di
 
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    a, b = _tensors(tmp_path / "straight"), _tensors(killed)
+    assert "resumed from" in done.stderr
+    a, b = _tensors(Path(grpo_run["out"])), _tensors(killed)  # type: ignore[arg-type]
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
