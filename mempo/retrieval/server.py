@@ -345,7 +345,7 @@ def create_app(retriever: Retriever, limits: ServiceLimits | None = None,
         body = {"result": [[_item(h, with_scores) for h in hits] for hits in results]}
         metrics.requests.labels("retrieve", "200").inc()
         metrics.latency.labels("retrieve").observe(time.perf_counter() - t0)
-        return JSONResponse(body)
+        return _json_response(body)
 
     @app.post("/access")
     async def access(request: Request) -> Response:
@@ -376,6 +376,15 @@ def create_app(retriever: Retriever, limits: ServiceLimits | None = None,
     app.state.metrics = metrics
     app.state.limits = limits
     return app
+
+
+def _json_response(body: dict[str, Any]) -> Response:
+    """JSON response; orjson when installed (several times faster on large results)."""
+    try:
+        import orjson
+    except ImportError:
+        return JSONResponse(body)
+    return Response(orjson.dumps(body), media_type="application/json")
 
 
 def _item(hit: Hit, with_score: bool) -> dict[str, Any]:
