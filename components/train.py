@@ -3,10 +3,10 @@
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
 
-from components.images import TRAIN_IMAGE
+from components.images import LOCAL_TRAINER_IMAGE
 
 
-@dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=LOCAL_TRAINER_IMAGE, install_kfp_package=False)
 def train_op(
     params_file: str,
     overrides: dict,

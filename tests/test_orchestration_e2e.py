@@ -4,7 +4,8 @@
   retrieval service for the stages that need it, the promotion gate) ends with a registered
   champion and the report; a second run is a DVC no-op; changing `train.lambda_mem` makes
   DVC re-run exactly train -> eval -> register;
-- `airflow dags test mempo_retrain` on the same tiny inputs (local mode: the same CLI).
+- `airflow dags test mempo_retrain` on the same tiny inputs (local mode: the same CLI);
+  opt-in with MEMPO_AIRFLOW_E2E=1 (see its skip reason).
 
 Both are slow (minutes); they share one project built once per module.
 """
@@ -132,6 +133,12 @@ def test_lambda_mem_change_reruns_only_train_eval_register(tiny_project: dict) -
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+@pytest.mark.skipif(
+    os.environ.get("MEMPO_AIRFLOW_E2E") != "1",
+    reason="about 3 min (db migrate ~20 s + the DAG run ~160 s on 2 cores) repeating stage runs the "
+    "DVC and kfp.local tests already cover; CI leaves it to MEMPO_AIRFLOW_E2E=1. The DAG-integrity "
+    "tests parse every task's CLI arguments with the real parser on every run.",
+)
 def test_airflow_dags_test_mempo_retrain_on_the_tiny_world(tiny_project: dict, tmp_path: Path) -> None:
     root = tiny_project["root"]
     home = tmp_path / "airflow_home"

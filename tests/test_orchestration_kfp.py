@@ -46,7 +46,7 @@ def test_cluster_pipeline_resources_caching_and_images() -> None:
     assert train["resources"]["accelerator"]["resourceCount"] == "8"
     assert train["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
     assert "accelerator" not in container("register-op").get("resources", {})
-    assert train["image"].endswith("/mempo-train:0.1.0")
+    assert train["image"].endswith("/mempo-eval:0.1.0")  # the local trainer's image (components/images.py)
     assert container("eval-op")["image"].endswith("/mempo-eval:0.1.0")
     for name in ("register-op", "promote-op", "open-parent-run-op", "close-parent-run-op"):
         assert tasks[name]["cachingOptions"].get("enableCache", False) is False, name
