@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
 import torch
 
 from mempo.advantage import (
@@ -124,7 +125,8 @@ def mempo_advantages(
         if episode not in last_row or last_row[episode][0] < index:
             last_row[episode] = (index, row)
     episodes = list(last_row)
-    scores = torch.stack([token_level_rewards[last_row[e][1]].sum() for e in episodes])
+    row_scores = token_level_rewards.sum(dim=-1)
+    scores = row_scores[torch.tensor([last_row[e][1] for e in episodes], dtype=torch.long)]
     a_t_episode = grpo_outcome_advantage(
         scores, [episode_uid[e] for e in episodes], norm_by_std=config.norm_by_std, eps=config.adv_eps)
     position = {e: i for i, e in enumerate(episodes)}
@@ -175,23 +177,27 @@ def mem_tensors_from_extra_fields(
         (mem_mask [B, width] int64 right-padded like verl's responses, mem_scores [B],
         turn_index [B] int64, full_context_scores [B] or None).
     """
-    b = len(extra_fields)
-    mem_mask = torch.zeros((b, width), dtype=torch.long)
-    scores = torch.zeros(b, dtype=torch.float32)
-    full = torch.zeros(b, dtype=torch.float32)
-    have_full = False
-    turns = torch.zeros(b, dtype=torch.long)
     key = "mem_prob" if form == "prob" else "mem_logprob"
     full_key = "full_prob" if form == "prob" else "full_logprob"
+    # one numpy buffer and plain lists, one tensor each at the end (per-row tensors are slow)
+    masks = np.zeros((len(extra_fields), width), dtype=np.int64)
+    scores: list[float] = []
+    full: list[float] = []
+    turns: list[int] = []
+    have_full = False
     for r, ef in enumerate(extra_fields):
-        if not ef:
-            continue
+        ef = ef or {}
         m = list(ef.get("mem_mask") or [])[:width]
         if m:
-            mem_mask[r, : len(m)] = torch.tensor(m, dtype=torch.long)
-        scores[r] = float(ef.get(key, 0.0) or 0.0)
-        turns[r] = int(ef.get("turn_index", 0) or 0)
-        if ef.get(full_key) is not None:
-            full[r] = float(ef[full_key])
-            have_full = True
-    return mem_mask, scores, turns, (full if have_full else None)
+            masks[r, : len(m)] = m
+        scores.append(float(ef.get(key, 0.0) or 0.0))
+        turns.append(int(ef.get("turn_index", 0) or 0))
+        has = ef.get(full_key) is not None
+        have_full = have_full or has
+        full.append(float(ef[full_key]) if has else 0.0)
+    return (
+        torch.from_numpy(masks),
+        torch.tensor(scores, dtype=torch.float32),
+        torch.tensor(turns, dtype=torch.long),
+        torch.tensor(full, dtype=torch.float32) if have_full else None,
+    )
