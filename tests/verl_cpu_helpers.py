@@ -23,14 +23,22 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs" / "verl"
 
 
+# Built once per session: pytest makes one fixture definition per importing module, so the
+# folder is remembered here (tmp_path_factory folders live for the whole session).
+_BUILT_POLICIES: dict[str, Path] = {}
+
+
 @pytest.fixture(scope="session")
 def tiny_policy(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Folder of the tiny policy (tokenizer with the turn tags + random 2x128 Qwen2)."""
     from mempo.policy.bootstrap import bootstrap_tiny
 
-    out = tmp_path_factory.mktemp("policy") / "tiny"
-    bootstrap_tiny(out, tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"])
-    return out
+    key = str(tiny_world)
+    if key not in _BUILT_POLICIES:
+        out = tmp_path_factory.mktemp("policy") / "tiny"
+        bootstrap_tiny(out, tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"])
+        _BUILT_POLICIES[key] = out
+    return _BUILT_POLICIES[key]
 
 
 def load_sglang_prompt_logprob_shaper() -> Callable[..., None]:
