@@ -1,0 +1,86 @@
+"""mempo.pipeline pieces: DVC downstream sets, the retrieval service lifecycle (also when the
+block fails), and a failing stage ending the MLflow parent run FAILED."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import mlflow
+import pytest
+import yaml
+
+from mempo.errors import MempoError
+from mempo.pipeline import downstream_of, retrieval_service, run_pipeline, write_params_with
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_downstream_of_train_is_eval_and_register() -> None:
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert downstream_of(stages, ["train"]) == {"train", "eval", "register"}
+    assert downstream_of(stages, ["register"]) == {"register"}
+    assert downstream_of(stages, ["world"]) == set(stages)
+
+
+def test_write_params_with_validates_and_applies(tmp_path: Path) -> None:
+    out = write_params_with(REPO / "params.yaml", tmp_path / "p.yaml", {"train.lambda_mem": 0.25})
+    assert yaml.safe_load(out.read_text())["train"]["lambda_mem"] == 0.25
+    with pytest.raises(MempoError, match="train.lambda_mem_typo"):
+        write_params_with(REPO / "params.yaml", tmp_path / "q.yaml", {"train.lambda_mem_typo": 1})
+
+
+@pytest.fixture(scope="module")
+def bm25_index(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mempo.retrieval.index import build_index
+
+    out = tmp_path_factory.mktemp("index") / "index"
+    build_index(tiny_world / "corpus.jsonl", out, method="bm25")
+    return out
+
+
+def _port_closed(url: str) -> bool:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.socket() as s:
+        return s.connect_ex((host, int(port))) != 0
+
+
+def test_retrieval_service_serves_and_stops_even_when_the_block_fails(bm25_index: Path) -> None:
+    with pytest.raises(RuntimeError, match="stage failed"), retrieval_service(bm25_index, start_timeout_s=120) as url:
+        assert url.startswith("http://127.0.0.1:")
+        body = httpx.post(f"{url}/retrieve", json={"queries": ["river"], "topk": 2, "return_scores": True},
+                          timeout=30).json()
+        assert len(body["result"][0]) == 2
+        raise RuntimeError("stage failed")
+    assert _port_closed(url)
+
+
+def test_retrieval_service_reports_a_missing_index(tmp_path: Path) -> None:
+    with pytest.raises(MempoError, match="index not found"), retrieval_service(tmp_path / "none"):
+        pass
+
+
+def test_a_failing_stage_fails_the_run_and_its_parent_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "ok": {"cmd": "echo fine > ok.txt", "outs": ["ok.txt"]},
+        "boom": {"cmd": "exit 7", "deps": ["ok.txt"]},
+    }}))
+    (tmp_path / "params.yaml").write_text("pipeline: {serve_retriever: false, promote: false}\n")
+    for cmd in (["git", "init", "-q"], [str(Path(sys.executable).parent / "dvc"), "init", "-q"]):
+        subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MEMPO_PARENT_RUN_ID", raising=False)
+    with pytest.raises(MempoError, match="failed"):
+        run_pipeline(tmp_path)
+    runs = mlflow.MlflowClient(uri).search_runs(
+        [mlflow.MlflowClient(uri).get_experiment_by_name("mempo").experiment_id],
+        "tags.`mempo.stage` = 'pipeline'",
+    )
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert (tmp_path / "ok.txt").read_text().strip() == "fine"
+    assert "MEMPO_PARENT_RUN_ID" not in os.environ
