@@ -172,3 +172,69 @@ def test_cli_dry_run_prints_the_command(tmp_path, tiny_policy, capsys, monkeypat
     assert "verl.trainer.main_ppo" in out["command"] and "trainer.nnodes=3" in out["command"]
     assert out["command"].rstrip().endswith("trainer.save_freq=5")
     assert not (Path(out["out"]) / "verl").exists()  # a dry run writes nothing
+
+
+STAND_IN_TRAINER = '''#!{python}
+"""Stands in for `python -m verl.trainer.main_ppo ...` (no GPUs here): records what it was
+given and writes a world-size-1 checkpoint in verl's FSDP layout, like one training step."""
+import json, os, sys
+from pathlib import Path
+import torch
+from transformers import AutoModelForCausalLM
+args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a and not a.startswith("-"))
+root = Path(args["trainer.default_local_dir"])
+policy = Path(args["actor_rollout_ref.model.path"])
+actor = root / "global_step_1" / "actor"
+(actor / "huggingface").mkdir(parents=True)
+torch.save(AutoModelForCausalLM.from_pretrained(policy).state_dict(), actor / "model_world_size_1_rank_0.pt")
+(actor / "fsdp_config.json").write_text(json.dumps({{"world_size": 1}}))
+for f in policy.iterdir():
+    if f.suffix in (".json", ".jinja") and f.name != "policy.json":
+        (actor / "huggingface" / f.name).write_bytes(f.read_bytes())
+(root / "latest_checkpointed_iteration.txt").write_text("1")
+Path(os.environ["STAND_IN_RECORD"]).write_text(json.dumps({{"argv": sys.argv[1:], "env": dict(os.environ)}}))
+sys.exit(int(os.environ.get("STAND_IN_EXIT", "0")))
+'''
+
+
+@pytest.mark.slow
+def test_launch_runs_the_trainer_merges_and_tracks(tmp_path, tiny_policy, mlflow_uri, monkeypatch):  # noqa: F811
+    """launch_verl end to end with a stand-in for main_ppo: tool config, runtime env, MLflow
+    stage run id handed to verl, merge of the written checkpoint, launch.json."""
+    import sys
+
+    import mlflow
+
+    from mempo.training.verl_launch import launch_verl
+
+    trainer = tmp_path / "main_ppo_stand_in"
+    trainer.write_text(STAND_IN_TRAINER.format(python=sys.executable))
+    trainer.chmod(0o755)
+    record = tmp_path / "record.json"
+    monkeypatch.setenv("STAND_IN_RECORD", str(record))
+    params = _params(tmp_path, tiny_policy)
+    for split in ("train", "val"):
+        (Path(params.verl.data) / f"{split}.parquet").write_bytes(b"PAR1")
+    summary = launch_verl(params, python=str(trainer))
+
+    seen = json.loads(record.read_text())
+    assert seen["argv"][:2] == ["-m", "verl.trainer.main_ppo"]
+    assert seen["env"]["VERL_USE_EXTERNAL_MODULES"] == "mempo.verl_plugin"
+    assert seen["env"]["MLFLOW_TRACKING_URI"] == mlflow_uri
+    run = mlflow.get_run(seen["env"]["MLFLOW_RUN_ID"])  # verl logs into our stage run
+    assert run.info.run_name == "train_verl" and run.data.params["nnodes"] == "1"
+    tool_cfg = yaml.safe_load((tmp_path / "train" / "verl" / "retrieval_tool.yaml").read_text())
+    assert tool_cfg["tools"][0]["config"]["retriever"] == "http://10.1.2.3:8013"
+    assert Path(summary["model"], "config.json").exists() and summary["exit_code"] == 0
+    assert json.loads((tmp_path / "train" / "verl" / "launch.json").read_text())["checkpoint"].endswith("global_step_1")
+
+    # a failed run: the error says where resume_mode=auto will pick up; nothing is merged
+    import shutil
+
+    from mempo.errors import MempoError
+
+    shutil.rmtree(tmp_path / "train")
+    monkeypatch.setenv("STAND_IN_EXIT", "3")
+    with pytest.raises(MempoError, match="exited with 3.*global_step_1"):
+        launch_verl(params, python=str(trainer), tracking=False)
+    assert not (tmp_path / "train" / "model").exists()

@@ -255,29 +255,31 @@ def check_inputs(plan: VerlRunPlan, params: Any) -> None:
             raise DataError(f"no {split}.parquet (run `mempo data prepare`)", path=f, field="verl.data")
 
 
-def launch_verl(params: Any, dry_run: bool = False, tracking: bool = True) -> dict[str, Any]:
+def launch_verl(params: Any, dry_run: bool = False, tracking: bool = True,
+                python: str | None = None) -> dict[str, Any]:
     """Run the whole verl path (see module docstring). Returns a summary dict.
 
     `dry_run=True` only plans and checks the pin/registration; nothing is started or written.
     With `tracking`, an MLflow stage run `train_verl` (nested under the pipeline run when one
-    is open) is opened and verl's own MLflow logger writes its metrics into it.
+    is open) is opened and verl's own MLflow logger writes its metrics into it. `python` is
+    the interpreter that runs `verl.trainer.main_ppo` (default: this one).
     """
     version = check_verl_install()
     if dry_run:
         plan = plan_verl_run(params)
         return {"verl": version, "command": plan.shell(), "out": str(plan.out), "dry_run": True}
     if not tracking:
-        return _launch(params, version, None)
+        return _launch(params, version, None, python)
     from mempo.tracking import stage_run
 
     with stage_run("train_verl", params=params.verl, data={"policy": params.verl.policy,
                                                            "data": params.verl.data}) as run:
         run_id = getattr(getattr(run, "info", None), "run_id", None)
-        return _launch(params, version, run_id)
+        return _launch(params, version, run_id, python)
 
 
-def _launch(params: Any, version: str, run_id: str | None) -> dict[str, Any]:
-    plan = plan_verl_run(params, mlflow_run_id=run_id)
+def _launch(params: Any, version: str, run_id: str | None, python: str | None) -> dict[str, Any]:
+    plan = plan_verl_run(params, python=python, mlflow_run_id=run_id)
     summary: dict[str, Any] = {"verl": version, "command": plan.shell(), "out": str(plan.out)}
     check_inputs(plan, params)
     write_tool_config(plan)
