@@ -22,6 +22,7 @@ Settings come from the Hydra `mempo:` section (configs/verl/mempo_trainer.yaml).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -40,6 +41,7 @@ from mempo.agent.context import FullContext, MemoryContext
 from mempo.agent.format import (
     STOP_SEQUENCES,
     USER_QUESTION_TEMPLATE,
+    ParsedTurn,
     invalid_turn_observation,
     parse_turn,
     render_prompt,
@@ -141,6 +143,27 @@ class MemAgentLoop(AgentLoopBase):
         text = resp.text or ""
         return text, str(info.get("short_observation") or text), dict(info)
 
+    def _encode_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of one turn's prompt (chat template, capped at rollout.prompt_length)."""
+        text = render_prompt(self.tokenizer, messages)
+        return self._cap_text_prompt_length(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _digest_response(self, token_ids: list[int]) -> tuple[list[int], str, ParsedTurn, list[int]]:
+        """Cut the generated ids after the first stop string, parse the turn, mask its `<mem>`.
+
+        Returns (response ids, their text, the parsed turn, the mem mask over the ids).
+        """
+        response_ids, _, _ = cut_at_stop(token_ids, self.tokenizer, STOP_SEQUENCES)
+        response_ids = response_ids[: self.response_length]
+        if not response_ids:  # an empty generation still needs one token to train on
+            response_ids = [self.tokenizer.eos_token_id or 0]
+        text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
+        parsed = parse_turn(text)
+        mem_mask = span_token_mask(response_ids, self.tokenizer, parsed.mem_span)
+        if self.settings.check_masks and parsed.mem is not None:
+            check_mem_mask(response_ids, self.tokenizer, mem_mask, parsed.mem)
+        return response_ids, text, parsed, mem_mask
+
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         """Play one episode; returns one AgentLoopOutput per turn (see module docstring)."""
         question = question_of(kwargs)
@@ -154,6 +177,7 @@ class MemAgentLoop(AgentLoopBase):
         # trained on exactly what the policy generated, and the parser needs the closing tag
         params.update(KEEP_STOP_STRING.get(str(self.rollout_config.name), {}))
         request_id = uuid4().hex
+        loop = asyncio.get_running_loop()
 
         outputs: list[AgentLoopOutput] = []
         memories: list[str | None] = []
@@ -164,24 +188,19 @@ class MemAgentLoop(AgentLoopBase):
             instance_id, _ = await self.tool.create()
         try:
             for turn in range(self.settings.max_turns):
-                prompt_ids = self._cap_text_prompt_length(self.tokenizer.encode(
-                    render_prompt(self.tokenizer, memory_ctx.messages()), add_special_tokens=False))
+                # tokenising and the mask bookkeeping are CPU work (~ms per turn): run them in
+                # a worker thread so the event loop keeps serving the other episodes
+                messages = memory_ctx.messages()
+                prompt_ids = await loop.run_in_executor(None, self._encode_prompt, messages)
                 t0 = time.monotonic()
                 generated = await self.server_manager.generate(
                     request_id=request_id, prompt_ids=prompt_ids, sampling_params=params)
                 gen_s = time.monotonic() - t0
-                response_ids, text, _ = cut_at_stop(list(generated.token_ids), self.tokenizer, STOP_SEQUENCES)
-                response_ids = response_ids[: self.response_length]
-                if not response_ids:  # an empty generation still needs one token to train on
-                    response_ids = [self.tokenizer.eos_token_id or 0]
-                text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
+                response_ids, text, parsed, mem_mask = await loop.run_in_executor(
+                    None, self._digest_response, list(generated.token_ids))
                 logprobs = list(generated.log_probs)[: len(response_ids)] if generated.log_probs else None
                 if logprobs is not None and len(logprobs) != len(response_ids):
                     logprobs = None
-                parsed = parse_turn(text)
-                mem_mask = span_token_mask(response_ids, self.tokenizer, parsed.mem_span)
-                if self.settings.check_masks and parsed.mem is not None:
-                    check_mem_mask(response_ids, self.tokenizer, mem_mask, parsed.mem)
 
                 done = parsed.valid and parsed.action == "answer"
                 observation = short = None
@@ -239,13 +258,16 @@ class MemAgentLoop(AgentLoopBase):
             for out in outputs:
                 out.extra_fields.update(mem_prob=0.0, mem_logprob=0.0)
             return
-        probes = [memory_probe(self.tokenizer, question, m, answer) for m in memories]
+        loop = asyncio.get_running_loop()
+        probes = await loop.run_in_executor(
+            None, lambda: [memory_probe(self.tokenizer, question, m, answer) for m in memories])
         ap = await answer_probability_from_server(
             self.server_manager, probes, self.settings.probe_concurrency, request_id)
         for k, out in enumerate(outputs):
             out.extra_fields.update(mem_prob=float(ap.prob[k]), mem_logprob=float(ap.mean_logprob[k]))
         if full_messages:
-            full_probes = [full_context_probe(self.tokenizer, msgs, answer) for msgs in full_messages]
+            full_probes = await loop.run_in_executor(
+                None, lambda: [full_context_probe(self.tokenizer, msgs, answer) for msgs in full_messages])
             fp = await answer_probability_from_server(
                 self.server_manager, full_probes, self.settings.probe_concurrency, request_id)
             for k, out in enumerate(outputs):
