@@ -12,12 +12,13 @@ Corpus: real Wikipedia lead summaries (`mempo corpus wiki-sample`; 10,033 articl
 - `ann_recall_at_3`: recall@3 of IVF-PQ (and HNSW) against Flat on the same query vectors
   (target >= 0.95), and `footprint_ratio_21m`: projected bytes of Flat over bytes of the
   IVF-PQ index for 21M x 768-d vectors, from the index parameters (target >= 25).
-- `encoder_passages_per_s`: MiniLM passages/s on this machine (batch 64).
+- `encoder_passages_per_s`: MiniLM passages/s on this machine (batch 64, 1,024 passages).
 - `world_recall_at_3`: recall@3 of the gold passage for entity-name queries (what the
   scripted teacher searches) on the knowledge world, BM25 vs dense MiniLM.
 
     .venv/bin/python benchmarks/retrieval.py --quick     # ~1.5k passages, fewer requests
     .venv/bin/python benchmarks/retrieval.py             # full wiki sample, small world
+    .venv/bin/python benchmarks/retrieval.py --work /tmp/rb   # keep (and resume) the embeddings
 
 Writes benchmarks/results/retrieval.json and prints a table of ratios.
 """
@@ -74,13 +75,14 @@ def _free_port() -> int:
 class ServerProcess:
     """`mempo serve retriever` in a subprocess (its own GIL, as in production)."""
 
-    def __init__(self, index: Path, batching: bool) -> None:
+    def __init__(self, index: Path, batching: bool, extra_args: tuple[str, ...] = ()) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "mempo", "--params", os.devnull, "serve", "retriever",
                "--index", str(index), "--port", str(self.port)]
         if not batching:
             cmd.append("--no-batching")
+        cmd.extend(extra_args)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def __enter__(self) -> ServerProcess:
@@ -132,14 +134,31 @@ async def _run_load(url: str, queries: list[str], clients: int) -> dict[str, Any
                 errors += 0 if ok else 1
 
         await post("warm up")  # connections and the first forward pass are not measured
+        before = await _batch_counts(http)
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
         wall = time.perf_counter() - t0
+        after = await _batch_counts(http)
     lat.sort()
+    calls = after[0] - before[0]
     return {"clients": clients, "requests": len(lat), "errors": errors,
             "requests_per_s": round(len(lat) / wall, 2),
+            "mean_batch_queries": round((after[1] - before[1]) / calls, 2) if calls else None,
             "p50_ms": round(1000 * lat[len(lat) // 2], 2),
             "p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2)}
+
+
+async def _batch_counts(http: Any) -> tuple[float, float]:
+    """(search calls, queries searched) from the server's Prometheus metrics."""
+    async with http.get("/metrics") as r:
+        text = await r.text()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(("mempo_retriever_batch_queries_count", "mempo_retriever_batch_queries_sum")):
+            name, value = line.split()
+            values[name] = float(value)
+    return (values.get("mempo_retriever_batch_queries_count", 0.0),
+            values.get("mempo_retriever_batch_queries_sum", 0.0))
 
 
 def bench_throughput(index: Path, queries: list[str], requests_at: dict[int, int],
@@ -240,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small corpus and request counts")
     ap.add_argument("--articles", type=int, default=None, help="wiki articles (default: all; quick 1500)")
     ap.add_argument("--out", default=str(RESULTS / "retrieval.json"))
+    ap.add_argument("--work", default=None,
+                    help="keep indexes here (a re-run resumes from the stored embedding shards)")
     args = ap.parse_args(argv)
 
     from mempo.retrieval.encoder import Encoder
@@ -256,17 +277,24 @@ def main(argv: list[str] | None = None) -> int:
         "targets": TARGETS,
     }
     with tempfile.TemporaryDirectory(prefix="mempo-bench-retrieval-") as tmp:
-        work = Path(tmp)
+        work = Path(args.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
         corpus = work / "wiki.jsonl"
         wm = build_wiki_sample(corpus, limit=articles)
         print(f"corpus: {wm['articles']} articles, {wm['passages']} passages", flush=True)
         encoder = Encoder("all-MiniLM-L6-v2", batch_size=64)
+        sample = [json.loads(line)["contents"] for line in
+                  corpus.read_text(encoding="utf-8").splitlines()[:256 if args.quick else 1024]]
+        encoder.encode_passages(sample[:64])  # warm-up
         t = time.perf_counter()
-        build_index(corpus, work / "flat", method="dense", index_type="flat", encoder=encoder,
-                    shard_size=5000)
-        embed_s = time.perf_counter() - t
+        encoder.encode_passages(sample)
+        result["encoder_passages_per_s"] = round(len(sample) / (time.perf_counter() - t), 2)
+        result["encoder_sample_mean_words"] = round(float(np.mean([len(x.split()) for x in sample])), 1)
+        t = time.perf_counter()
+        m = build_index(corpus, work / "flat", method="dense", index_type="flat", encoder=encoder,
+                        shard_size=5000)
+        result["flat_build"] = {"seconds": round(time.perf_counter() - t, 1), **m["resume"]}
         result["corpus"] = {"articles": wm["articles"], "passages": wm["passages"]}
-        result["encoder_passages_per_s"] = round(wm["passages"] / embed_s, 2)
         print(f"encoder: {result['encoder_passages_per_s']} passages/s", flush=True)
 
         ann_queries = _queries_from(corpus, 300 if args.quick else 1000, seed=1)
