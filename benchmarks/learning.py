@@ -53,6 +53,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--untrained-questions", type=int, default=None,
                     help="the untrained policy rambles to the turn limit; evaluate it on fewer")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (1: no OpenMP stalls when the cores are shared)")
     ap.add_argument("--workdir", default=str(REPO / "outputs" / "bench-learning"))
     ap.add_argument("--out", default=str(RESULTS / "learning.json"))
     a = ap.parse_args(argv)
@@ -102,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.path.insert(0, str(REPO))
     os.environ["MEMPO_TRACKING"] = "0"  # the benchmark measures; the pipeline tracks
+    import torch
+
+    torch.set_num_threads(a.threads)
     from mempo.config import load_params
     from mempo.data.schema import to_verl_row, write_prepared
     from mempo.datasets import load_qa
@@ -150,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         bootstrap_tiny(sd / "policy", corpus, [world / "qa" / "train.jsonl"], spec=TinyPolicySpec(seed=seed))
         base = {"sft.world": str(world), "sft.retriever": str(corpus), "train.data": str(data),
                 "train.retriever": str(corpus), "sft.seed": seed, "train.seed": seed,
-                "sft.device": a.device, "train.device": a.device}
+                "sft.device": a.device, "train.device": a.device,
+                "sft.threads": a.threads, "train.threads": a.threads}
         params = load_params(None, {**base})
         record("untrained", _evaluate(sd / "policy", tasks, corpus, params, a.device, a.untrained_questions))
         timings.setdefault("untrained_eval_s", []).append(time.perf_counter() - t0)

@@ -273,7 +273,7 @@ class SFTParams(Section):
     seed: int = 0
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    threads: int = Field(0, ge=0)
+    threads: int = Field(1, ge=0)
 
 
 class PipelineParams(Section):
@@ -378,7 +378,7 @@ class TrainParams(Section):
     seed: int = 0
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    threads: int = Field(0, ge=0)
+    threads: int = Field(1, ge=0)
 
 
 class VerlParams(Section):

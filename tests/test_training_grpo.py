@@ -56,7 +56,7 @@ def _grpo_overrides(setup: dict[str, Path], out: Path, **extra: object) -> dict[
         "train.policy": str(setup["sft"] / "model"), "train.data": str(setup["data"]),
         "train.retriever": str(setup["corpus"]), "train.out": str(out), "train.steps": 3,
         "train.batch_questions": 2, "train.n_rollouts": 2, "train.max_new_tokens": 40,
-        "train.max_turns": 3, "train.checkpoint_every": 2, "train.threads": 2,
+        "train.max_turns": 3, "train.checkpoint_every": 2, "train.threads": 1,
     }
     base.update(extra)
     return base
