@@ -18,7 +18,8 @@ What happens, in order:
 4. `dvc repro` runs the rest; DVC decides what is stale.
 5. `mempo promote` gates the newest registered version (`pipeline.promote: true`);
    promotion reads the live registry, so it is not a DVC stage (it would never be cached).
-6. dvc.lock is logged to the parent run, and the summary is printed.
+6. dvc.lock is logged to the parent run, each stage run is tagged with the hashes DVC
+   recorded for it, and the summary is printed.
 """
 
 from __future__ import annotations
@@ -228,7 +229,7 @@ def run_pipeline(
     service is stopped).
     """
     from mempo.config import load_params
-    from mempo.tracking import pipeline_run, tracking_uri
+    from mempo.tracking import pipeline_run, tag_stage_runs_with_dvc_hashes, tracking_uri
 
     root = Path(root).resolve()
     params = load_params(root / "params.yaml")
@@ -274,6 +275,7 @@ def run_pipeline(
                 from mlflow import MlflowClient
 
                 MlflowClient(tracking_uri(root)).log_artifact(parent_id, str(root / "dvc.lock"))
+                tag_stage_runs_with_dvc_hashes(parent_id, root)
     finally:
         if env_before is None:
             os.environ.pop("MEMPO_PROJECT_ROOT", None)

@@ -20,8 +20,10 @@ started while another run is active nests under that run instead.
 
 Tags on every stage run: `mempo.stage`, `dvc.stage` (from `DVC_STAGE`), the git commit
 (`mlflow.source.git.commit`, plus `mempo.git_dirty`), the stage's params flattened, the
-sha256 of each named input (`data.<name>.sha256`, read from dvc.lock when DVC already hashed
-that path) and, when dvc.lock exists, the hashes DVC recorded for this stage's deps.
+sha256 of each named input (`data.<name>.sha256`, or DVC's md5 from dvc.lock when an upstream
+stage already hashed that path). DVC records a stage's own hashes only after the stage ends,
+so `mempo pipeline run` adds them (`dvc.deps.*`, `dvc.outs.*`, `dvc.params.sha256`) to each
+stage run after `dvc repro` (`tag_stage_runs_with_dvc_hashes`).
 A stage run that raises ends FAILED and the exception propagates.
 
 Set `MEMPO_TRACKING=0` to turn tracking off entirely (stage runs become no-ops).
@@ -191,6 +193,26 @@ def dvc_stage_hashes(stage: str, root: str | Path | None = None) -> dict[str, st
     return out
 
 
+def tag_stage_runs_with_dvc_hashes(parent_run_id: str, root: str | Path | None = None) -> int:
+    """Tag every stage run under `parent_run_id` that ran as a DVC stage with the hashes
+    dvc.lock now holds for that stage. Returns how many runs were tagged."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri(root))
+    parent = client.get_run(parent_run_id)
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run_id}'", max_results=1000
+    )
+    n = 0
+    for run in children:
+        stage = run.data.tags.get("dvc.stage")
+        hashes = dvc_stage_hashes(stage, root) if stage else {}
+        for key, value in hashes.items():
+            client.set_tag(run.info.run_id, key, _clip(value, _MAX_TAG_CHARS))
+        n += bool(hashes)
+    return n
+
+
 def path_hash(path: str | Path) -> str:
     """sha256 of a file, or of a folder (sorted relative paths + each file's sha256)."""
     from mempo.io import sha256_file
@@ -321,7 +343,6 @@ def stage_run(
     }
     if os.environ.get("DVC_STAGE"):
         all_tags["dvc.stage"] = os.environ["DVC_STAGE"]
-    all_tags.update(dvc_stage_hashes(os.environ.get("DVC_STAGE", stage), root))
     if data:
         all_tags.update(data_hashes(data, root))
     all_tags.update(tags or {})

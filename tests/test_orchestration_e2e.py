@@ -97,7 +97,10 @@ def test_make_run_ends_with_a_registered_champion_and_the_report(tiny_project: d
     for run in by_stage.values():
         assert run.data.tags["mlflow.source.git.commit"] != "unknown"
         assert run.info.status == "FINISHED"
-    assert by_stage["train"].data.tags["dvc.stage"] == "train"
+    train_tags = by_stage["train"].data.tags
+    assert train_tags["dvc.stage"] == "train"
+    assert "dvc.deps.outputs/sft/model" in train_tags and "dvc.params.sha256" in train_tags
+    assert "dvc.outs.outputs/train/model" in train_tags
     assert [a.path for a in client.list_artifacts(parents[0].info.run_id)] == ["dvc.lock"]
     # The retrieval service was started for the stages that need it, and stopped.
     match = re.search(r"retrieval service at (http://127\.0\.0\.1:(\d+))", out)
