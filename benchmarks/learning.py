@@ -53,13 +53,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--untrained-questions", type=int, default=None,
                     help="the untrained policy rambles to the turn limit; evaluate it on fewer")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--jobs", type=int, default=None, help="seeds run in parallel processes (default: all)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (1: no OpenMP stalls when the cores are shared)")
     ap.add_argument("--workdir", default=str(REPO / "outputs" / "bench-learning"))
     ap.add_argument("--out", default=str(RESULTS / "learning.json"))
     a = ap.parse_args(argv)
     quick = a.quick
-    a.seeds = a.seeds or ([0] if quick else [0, 1, 2])
+    a.seeds = a.seeds or ([0, 1, 2] if quick else [0, 1, 2])
+    a.jobs = a.jobs or len(a.seeds)
     # --quick is sized to finish in well under an hour on 2 shared CPU cores.
     a.sft_steps = a.sft_steps or (100 if quick else 250)
     a.rl_steps = a.rl_steps or (6 if quick else 30)
@@ -99,6 +101,70 @@ def _evaluate(model_dir: Path, tasks: dict[str, list[Any]], corpus: Path, params
     return out
 
 
+def run_seed(seed: int, a: argparse.Namespace, world: Path, data: Path, tasks: dict[str, list[Any]]) -> dict[str, Any]:
+    """Untrained -> SFT -> GRPO / MemPO for one seed; evaluated on `tasks`. Also written to
+    WORKDIR/seed-N/result.json."""
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from mempo.config import load_params
+    from mempo.io import write_json
+    from mempo.policy import TinyPolicySpec, bootstrap_tiny
+    from mempo.training.grpo import run_grpo
+    from mempo.training.sft import run_sft
+
+    corpus = world / "corpus.jsonl"
+    sd = Path(a.workdir) / f"seed-{seed}"
+    res: dict[str, dict[str, float]] = {v: {} for v in VARIANTS}
+    out: dict[str, Any] = {"seed": seed, "results": res, "curves": {}, "timings": {}, "step_times": {}}
+
+    def record(variant: str, ev: dict[str, dict[str, float]]) -> None:
+        for split, m in ev.items():
+            for key in ("em", "f1", "format_valid", "turns", "prompt_tokens_per_turn"):
+                res[variant][f"{split}_{key}"] = m[key]
+
+    t0 = time.perf_counter()
+    bootstrap_tiny(sd / "policy", corpus, [world / "qa" / "train.jsonl"], spec=TinyPolicySpec(seed=seed))
+    base = {"sft.world": str(world), "sft.retriever": str(corpus), "train.data": str(data),
+            "train.retriever": str(corpus), "sft.seed": seed, "train.seed": seed,
+            "sft.device": a.device, "train.device": a.device,
+            "sft.threads": a.threads, "train.threads": a.threads}
+    params = load_params(None, {**base})
+    record("untrained", _evaluate(sd / "policy", tasks, corpus, params, a.device, a.untrained_questions))
+    out["timings"]["untrained_eval_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    sp = load_params(None, {**base, "sft.policy": str(sd / "policy"), "sft.out": str(sd / "sft"),
+                            "sft.max_steps": a.sft_steps, "sft.max_questions": 16 * a.sft_steps // 2,
+                            "sft.multi_tasks": max(a.sft_steps // 4, 10), "sft.resume": "never"})
+    sft_metrics = run_sft(sp, tracking=False)
+    print(f"  seed {seed} sft: {sft_metrics['steps']} steps, val loss {sft_metrics['final_val_loss']:.3f} "
+          f"({time.perf_counter() - t0:.0f}s)", flush=True)
+    out["timings"]["sft_train_s"] = time.perf_counter() - t0
+    record("sft", _evaluate(sd / "sft" / "model", tasks, corpus, params, a.device))
+
+    for variant, lam in (("grpo", 0.0), ("mempo", 1.0)):
+        t0 = time.perf_counter()
+        tp = load_params(None, {**base, "train.policy": str(sd / "sft" / "model"),
+                                "train.out": str(sd / variant), "train.steps": a.rl_steps,
+                                "train.batch_questions": a.batch_questions, "train.n_rollouts": a.n_rollouts,
+                                "train.lambda_mem": lam, "train.resume": "never",
+                                "train.checkpoint_every": 10_000})
+        m = run_grpo(tp, tracking=False)
+        print(f"  seed {seed} {variant}: {m['steps']} steps, {m['mean_time_step']:.1f}s/step, "
+              f"mem scoring share {m['mem_scoring_share']:.3f}", flush=True)
+        out["timings"][f"{variant}_train_s"] = time.perf_counter() - t0
+        out["curves"][variant] = [json.loads(x) for x in (sd / variant / "history.jsonl").read_text().splitlines()]
+        out["step_times"][f"{variant}_step_s"] = m["mean_time_step"]
+        if variant == "mempo":
+            out["mem_share"] = m["mem_scoring_share"]
+        record(variant, _evaluate(sd / variant / "model", tasks, corpus, params, a.device))
+    print(f"seed {seed} done: " + ", ".join(
+        f"{v} EM {res[v]['single_em']:.3f}/{res[v]['k4_em']:.3f}" for v in VARIANTS), flush=True)
+    write_json(sd / "result.json", out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -107,15 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(a.threads)
-    from mempo.config import load_params
     from mempo.data.schema import to_verl_row, write_prepared
     from mempo.datasets import load_qa
     from mempo.io import write_json
-    from mempo.policy import TinyPolicySpec, bootstrap_tiny
     from mempo.tasks import compose_multi_objective
-    from mempo.training.grpo import run_grpo
     from mempo.training.plots import plot_curves
-    from mempo.training.sft import run_sft
     from mempo.world import generate_world
 
     work = Path(a.workdir)
@@ -123,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     if not (world / "manifest.json").exists():
         generate_world(world, size=a.world_size, seed=13)
-    corpus = world / "corpus.jsonl"
     train_qa = load_qa(world / "qa" / "train.jsonl")
     rl = [q for q in train_qa if q.metadata.get("part") == "rl"]
     val = load_qa(world / "qa" / "val.jsonl")
@@ -138,58 +199,34 @@ def main(argv: list[str] | None = None) -> int:
     tasks = {"single": singles,
              "k4": compose_multi_objective(k4_pool, k=4, n_tasks=a.eval_k4, seed=5, id_prefix="bench")}
 
+    if a.jobs > 1 and len(a.seeds) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        # One single-threaded process per seed: on shared cores this gets more CPU share
+        # than one process, and results do not depend on it (each seed is deterministic).
+        with ProcessPoolExecutor(max_workers=a.jobs, mp_context=mp.get_context("spawn")) as pool:
+            per_seed = list(pool.map(run_seed, a.seeds, [a] * len(a.seeds), [world] * len(a.seeds),
+                                     [data] * len(a.seeds), [tasks] * len(a.seeds)))
+    else:
+        per_seed = [run_seed(seed, a, world, data, tasks) for seed in a.seeds]
+
     results: dict[str, dict[str, list[float]]] = {v: {} for v in VARIANTS}
     curves: dict[str, list[list[dict[str, float]]]] = {"grpo": [], "mempo": []}
     timings: dict[str, list[float]] = {}
     mem_share: list[float] = []
     step_times: dict[str, list[float]] = {}
-
-    def record(variant: str, ev: dict[str, dict[str, float]]) -> None:
-        for split, m in ev.items():
-            for key in ("em", "f1", "format_valid", "turns", "prompt_tokens_per_turn"):
-                results[variant].setdefault(f"{split}_{key}", []).append(m[key])
-
-    for seed in a.seeds:
-        sd = work / f"seed-{seed}"
-        t0 = time.perf_counter()
-        bootstrap_tiny(sd / "policy", corpus, [world / "qa" / "train.jsonl"], spec=TinyPolicySpec(seed=seed))
-        base = {"sft.world": str(world), "sft.retriever": str(corpus), "train.data": str(data),
-                "train.retriever": str(corpus), "sft.seed": seed, "train.seed": seed,
-                "sft.device": a.device, "train.device": a.device,
-                "sft.threads": a.threads, "train.threads": a.threads}
-        params = load_params(None, {**base})
-        record("untrained", _evaluate(sd / "policy", tasks, corpus, params, a.device, a.untrained_questions))
-        timings.setdefault("untrained_eval_s", []).append(time.perf_counter() - t0)
-
-        t0 = time.perf_counter()
-        sp = load_params(None, {**base, "sft.policy": str(sd / "policy"), "sft.out": str(sd / "sft"),
-                                "sft.max_steps": a.sft_steps, "sft.max_questions": 16 * a.sft_steps // 2,
-                                "sft.multi_tasks": max(a.sft_steps // 4, 10), "sft.resume": "never"})
-        sft_metrics = run_sft(sp, tracking=False)
-        print(f"  sft: {sft_metrics['steps']} steps, val loss {sft_metrics['final_val_loss']:.3f} "
-              f"({time.perf_counter() - t0:.0f}s)", flush=True)
-        timings.setdefault("sft_train_s", []).append(time.perf_counter() - t0)
-        record("sft", _evaluate(sd / "sft" / "model", tasks, corpus, params, a.device))
-
-        for variant, lam in (("grpo", 0.0), ("mempo", 1.0)):
-            t0 = time.perf_counter()
-            tp = load_params(None, {**base, "train.policy": str(sd / "sft" / "model"),
-                                    "train.out": str(sd / variant), "train.steps": a.rl_steps,
-                                    "train.batch_questions": a.batch_questions, "train.n_rollouts": a.n_rollouts,
-                                    "train.lambda_mem": lam, "train.resume": "never",
-                                    "train.checkpoint_every": 10_000})
-            m = run_grpo(tp, tracking=False)
-            print(f"  {variant}: {m['steps']} steps, {m['mean_time_step']:.1f}s/step, "
-                  f"mem scoring share {m['mem_scoring_share']:.3f}", flush=True)
-            timings.setdefault(f"{variant}_train_s", []).append(time.perf_counter() - t0)
-            hist = [json.loads(x) for x in (sd / variant / "history.jsonl").read_text().splitlines()]
-            curves[variant].append(hist)
-            step_times.setdefault(f"{variant}_step_s", []).append(m["mean_time_step"])
-            if variant == "mempo":
-                mem_share.append(m["mem_scoring_share"])
-            record(variant, _evaluate(sd / variant / "model", tasks, corpus, params, a.device))
-        print(f"seed {seed} done: " + ", ".join(
-            f"{v} EM {results[v]['single_em'][-1]:.3f}/{results[v]['k4_em'][-1]:.3f}" for v in VARIANTS), flush=True)
+    for r in per_seed:
+        for v in VARIANTS:
+            for k, val in r["results"][v].items():
+                results[v].setdefault(k, []).append(val)
+        for v in ("grpo", "mempo"):
+            curves[v].append(r["curves"][v])
+        for k, val in r["timings"].items():
+            timings.setdefault(k, []).append(val)
+        for k, val in r["step_times"].items():
+            step_times.setdefault(k, []).append(val)
+        mem_share.append(r["mem_share"])
 
     summary = {v: {k: _stats(vals) for k, vals in results[v].items()} for v in VARIANTS}
     sft_em = summary["sft"]["single_em"]["mean"] or 0.0
