@@ -184,16 +184,16 @@ class EvalParams(Section):
 
     model: str = "outputs/train/model"  # HF folder, or models:/NAME@alias | models:/NAME/VERSION
     benchmarks: list[str] = Field(
-        default_factory=lambda: ["world", "world-k1", "world-k2", "world-k4", "world-k8", "world-k16"],
+        default_factory=lambda: ["world", "world-k2", "world-k4", "world-k8"],
         min_length=1,
     )
     agents: list[Literal["memory", "full_context", "external_memory", "rag", "direct"]] = Field(
         default_factory=lambda: ["memory", "full_context", "external_memory", "rag", "direct"],
         min_length=1,
     )
-    limit: int | None = Field(50, ge=1)
+    limit: int | None = Field(32, ge=1)
     out: str = "outputs/eval"
-    concurrency: int = Field(16, ge=1)
+    concurrency: int = Field(32, ge=1)
     max_prompt_tokens: int = Field(4096, ge=16)
     seed: int = 0
     retriever: str = "outputs/index"

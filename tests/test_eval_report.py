@@ -118,3 +118,11 @@ def test_answer_scores_by_hand() -> None:
     assert s["f1"] == 0.5   # paris 1901 vs paris 1900: 1 common of 2 and 2
     s = answer_scores("paris ; nineteen hundred", ["Paris; 1900"], meta)
     assert (s["em"], s["objective_em"], s["all_correct"]) == (1.0, 1.0, 1.0)
+
+
+def test_world_stands_for_k1_in_the_k_plots(tmp_path: Path) -> None:
+    rows = [r for r in _sample_rows() if r["benchmark"] in ("world", "world-k4")]
+    plots = write_plots(tmp_path, aggregate(rows), rows)
+    assert "em_vs_k" in plots and "peak_prompt_tokens_vs_k" in plots
+    only_world = [r for r in rows if r["benchmark"] == "world"]
+    assert "em_vs_k" not in write_plots(tmp_path / "w", aggregate(only_world), only_world)

@@ -8,7 +8,8 @@ Every number in the report is a value of the flat metrics dict, printed exactly 
 Plots (matplotlib Agg):
 - `prompt_tokens_by_turn.png`: mean prompt tokens at each turn, memory vs full-context (and
   the other multi-turn agents), on the benchmark with the most objectives;
-- `em_vs_k.png` and `peak_prompt_tokens_vs_k.png`: over the `world-k*` benchmarks;
+- `em_vs_k.png` and `peak_prompt_tokens_vs_k.png`: over the `world-k*` benchmarks (`world`
+  stands for k = 1 when `world-k1` was not evaluated);
 - `em_by_benchmark.png`: EM per benchmark, one bar per agent.
 """
 
@@ -101,6 +102,9 @@ def write_plots(
 
     # EM and peak prompt tokens against the number of objectives k.
     k_benches = sorted((objectives_k(b), b) for b in benches if objectives_k(b) is not None)
+    # Without world-k1, the plain `world` set (the same test questions, one objective each) is k = 1.
+    if "world" in benches and k_benches and all(k != 1 for k, _ in k_benches):
+        k_benches.insert(0, (1, "world"))
     if len(k_benches) >= 2:
         for metric, fname, ylabel in (
             ("em", "em_vs_k", "EM (all objectives correct)"),
