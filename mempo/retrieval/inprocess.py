@@ -9,7 +9,6 @@ Used by tests, the local trainer and the HTTP service (which wraps one of these)
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,7 +48,6 @@ class InProcessRetriever(Retriever):
         self.store = store
         self.searcher = searcher
         self.manifest = manifest
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ constructors
 
