@@ -224,3 +224,24 @@ def test_register_and_promote_against_an_mlflow_server(tmp_path: Path, monkeypat
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_cli_register_and_promote(mlflow_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from mempo.cli import main
+
+    model = _model_dir(tmp_path)
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps({"memory/world/em": 0.4}))
+    bad.write_text(json.dumps({"memory/world/em": 0.1}))
+    common = ["--params", str(tmp_path / "none.yaml"), "--set", "register.data={}"]
+    assert main([*common, "register", "--name", "cli", "--model-dir", str(model), "--metrics", str(good),
+                 "--out", str(tmp_path / "reg")]) == 0
+    assert main([*common, "promote", "--registered", str(tmp_path / "reg" / "registered.json"),
+                 "--out", str(tmp_path / "pro")]) == 0
+    assert json.loads((tmp_path / "pro" / "decision.json").read_text())["promoted"] is True
+    assert main([*common, "register", "--name", "cli", "--model-dir", str(model), "--metrics", str(bad),
+                 "--out", str(tmp_path / "reg")]) == 0
+    assert main([*common, "promote", "--model", "cli", "--fail-if-rejected", "--out", str(tmp_path / "pro")]) == 4
+    out = capsys.readouterr().out
+    assert "cli v2 vs champion v1: REJECTED" in out
+    assert main([*common, "promote", "--registered", str(tmp_path / "missing.json")]) == 2
