@@ -226,6 +226,26 @@ def bench_ann(flat_dir: Path, work: Path, corpus: Path, encoder: Any, queries: l
     return out
 
 
+def bench_query_batches(encoder: Any, queries: list[str], sizes: tuple[int, ...]) -> dict[str, Any]:
+    """ms per encoder call and per query for query batches of each size, in process.
+
+    The batching gain is bounded by cost(1) / (cost(n) / n): what the encoder alone allows
+    before any HTTP work, on this machine.
+    """
+    out: dict[str, Any] = {}
+    encoder.encode_queries(queries[:32])  # warm-up
+    for n in sizes:
+        reps = max(4, 96 // n)
+        t = time.perf_counter()
+        for r in range(reps):
+            encoder.encode_queries(queries[(r * n) % len(queries):][:n])
+        per_call = 1000 * (time.perf_counter() - t) / reps
+        out[str(n)] = {"ms_per_call": round(per_call, 2), "ms_per_query": round(per_call / n, 2)}
+    big = str(max(sizes))
+    out["ceiling_ratio"] = round(out["1"]["ms_per_query"] / out[big]["ms_per_query"], 2)
+    return out
+
+
 def bench_world(size: str, work: Path, encoder: Any) -> dict[str, Any]:
     from mempo.retrieval import InProcessRetriever
     from mempo.world import generate_world
@@ -290,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         encoder.encode_passages(sample)
         result["encoder_passages_per_s"] = round(len(sample) / (time.perf_counter() - t), 2)
         result["encoder_sample_mean_words"] = round(float(np.mean([len(x.split()) for x in sample])), 1)
+        result["encoder_query_batches"] = bench_query_batches(
+            encoder, _queries_from(corpus, 512, seed=4), (1, 8, 16, 32))
+        print(f"query batches: {result['encoder_query_batches']}", flush=True)
         t = time.perf_counter()
         m = build_index(corpus, work / "flat", method="dense", index_type="flat", encoder=encoder,
                         shard_size=5000)
@@ -342,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'  HNSW':36s}{hnsw['recall_at_3_vs_flat']:12.4f}")
     print(f"{'footprint_ratio_21m (IVF-PQ)':36s}{ivf['footprint_ratio_21m']:12.1f}{'Flat = 1':>13s}{'>=25':>8s}")
     print(f"{'encoder_passages_per_s (MiniLM)':36s}{result['encoder_passages_per_s']:12.1f}")
+    qb = result["encoder_query_batches"]
+    print(f"{'encoder ms/query, batch 1 vs 32':36s}{qb['32']['ms_per_query']:12.2f}{qb['1']['ms_per_query']:13.2f}"
+          f"{qb['ceiling_ratio']:8.2f}  (ceiling of the batching gain)")
     w = result["world_recall_at_3"]
     print(f"{'world recall@3 bm25 / dense':36s}{w['bm25']['recall_at_3']:12.4f}{w['dense']['recall_at_3']:13.4f}")
     print(f"batched/per-request throughput at 32 clients: {result['batched_vs_per_request_throughput']} "
