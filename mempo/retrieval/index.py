@@ -163,8 +163,9 @@ def build_index(
         if reuse_embeddings_from is not None:
             # Shard files are the unit being reused, so the source's shard size wins.
             shard_size = int(read_manifest(reuse_embeddings_from).get("shard_size") or shard_size)
+        # With Ray the actors embed; the driver's copy only describes the model, on CPU.
         enc = encoder if isinstance(encoder, Encoder) else Encoder(
-            encoder, device=device, batch_size=batch_size)
+            encoder, device="cpu" if use_ray else device, batch_size=batch_size)
         source = encoder if isinstance(encoder, str) else (
             enc.name if enc.name == "all-MiniLM-L6-v2" else str(enc.path))
         described = enc.describe()
@@ -218,7 +219,6 @@ def build_index(
         import faiss
 
         faiss.write_index(index, str(work / INDEX_FILE))
-        # Shards beyond n_shards belong to an older, longer corpus with the same hash: none.
         manifest.update({
             "metric": "inner_product", "index_type": index_type, "index_params": params,
             "encoder": {**described, "source": source}, "dim": enc.dim,
