@@ -177,8 +177,9 @@ def test_smollm2_three_grpo_steps(setup: dict[str, Path], tmp_path: Path) -> Non
 
     bootstrap_smollm2(tmp_path / "smol")
     over = _grpo_overrides(setup, tmp_path / "run", **{
-        "train.policy": str(tmp_path / "smol"), "train.lr": 1e-6, "train.max_new_tokens": 24,
-        "train.max_turns": 2, "train.micro_batch_size": 4})
+        # 135M parameters on 1 CPU thread: one turn per episode, one task of 2 rollouts per step.
+        "train.policy": str(tmp_path / "smol"), "train.lr": 1e-6, "train.max_new_tokens": 16,
+        "train.max_turns": 1, "train.batch_questions": 1, "train.micro_batch_size": 4})
     metrics = run_grpo(load_params(None, over), tracking=False)
     assert metrics["steps"] == 3
     assert (tmp_path / "run" / "model" / "config.json").exists()
