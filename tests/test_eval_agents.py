@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mempo.agent.format import parse_turn
+from mempo.agent.format import ANSWER_PROBE_PREFIX, parse_turn
 from mempo.evaluation.agents import (
     ExternalMemoryContext,
     forced_answer_text,
@@ -95,3 +95,14 @@ def test_sentence_encoder_option_uses_the_retrieval_encoder_and_memoises() -> No
     store = EpisodeVectorStore(enc)
     store.add(observation_snippets(OBS1) + observation_snippets(OBS2))
     assert store.top("who founded Quaevzawick", 1) == ["(Title: Quaevzawick) Quaevzawick was founded by Thys Dreindreilvaix."]
+
+
+def test_forced_answer_prefix_keeps_the_turns_own_memory_and_reasoning() -> None:
+    from mempo.evaluation.agents import forced_answer_prefix
+
+    searched = _turn("<mem> Answer 1: Paris. </mem> <think> need 2 </think> <search> q </search>")
+    prefix = forced_answer_prefix(searched)
+    assert prefix == "<mem> Answer 1: Paris. </mem> <think> need 2 </think> " + ANSWER_PROBE_PREFIX
+    done = parse_turn(prefix + " Paris; 1900 </answer>")
+    assert done.valid and done.action == "answer" and done.argument == "Paris; 1900"
+    assert forced_answer_prefix(_turn("garbage")) == "<mem>  </mem> " + ANSWER_PROBE_PREFIX

@@ -11,10 +11,11 @@
 - `rag` (one-shot RAG): retrieve with the question once, then answer.
 - `direct`: answer from the question alone (no retrieval).
 
-`rag` and `direct` are answered in the answer-probe layout the memory reward scores
-(`mempo.agent.format.answer_probe_messages` + `ANSWER_PROBE_PREFIX`): the assistant turn
-starts at `<answer> ` and generation stops at `</answer>`, so a policy trained to search
-first still gives an answer. Their `format_valid` means the answer closed with `</answer>`.
+`rag` and `direct` get one turn. A policy trained to search first may search instead of
+answering; then that turn is made to answer: its own `<mem>` and `<think>` are kept and the
+assistant turn continues from `<answer> ` (`forced_answer_prefix`), the layout of the
+agent's own answering turns. Their `format_valid`: the model's turn was valid and the final
+(possibly forced) turn is a valid answer turn.
 
 The three multi-turn agents run through the core rollout loop (`mempo.agent.rollout`).
 """
@@ -106,19 +107,35 @@ class ExternalMemoryContext(ContextBuilder):
 
 
 def single_turn_messages(question: str, passages_observation: str | None) -> list[dict[str, str]]:
-    """Messages of the `direct` (no observation) and `rag` agents, in the answer-probe layout.
+    """Messages of the `direct` (no observation: the first-turn prompt) and `rag` agents.
 
-    `rag` shows its one retrieval as the last action: `<search> question </search>` and the
-    `<information>` block; the assistant prefix `ANSWER_PROBE_PREFIX` is added when rendering.
+    `rag` shows its one retrieval as if the agent had just searched the question: the last
+    action `<search> question </search>` with the `<information>` block, and an empty memory.
     """
-    from mempo.agent.format import SEARCH_CLOSE, SEARCH_OPEN, answer_probe_messages
+    from mempo.agent.format import SEARCH_CLOSE, SEARCH_OPEN
 
     if passages_observation is None:
-        return answer_probe_messages(question, None)
+        return build_messages(question)
     return build_messages(
         question, memory="", last_action=f"{SEARCH_OPEN} {question.strip()} {SEARCH_CLOSE}",
         last_observation=passages_observation,
     )
+
+
+def forced_answer_prefix(parsed: ParsedTurn) -> str:
+    """The assistant-turn prefix that makes a turn end in an answer: the turn's own `<mem>`
+    (and `<think>`), then `<answer> ` — the layout of the agent's own answering turns.
+
+    Example: a turn "<mem> m </mem> <think> t </think> <search> q </search>" gives
+    "<mem> m </mem> <think> t </think> <answer> ".
+    """
+    from mempo.agent.format import ANSWER_PROBE_PREFIX, MEM_CLOSE, MEM_OPEN, THINK_CLOSE, THINK_OPEN
+
+    parts = [f"{MEM_OPEN} {parsed.mem or ''} {MEM_CLOSE}"]
+    if parsed.think:
+        parts.append(f"{THINK_OPEN} {parsed.think} {THINK_CLOSE}")
+    parts.append(ANSWER_PROBE_PREFIX)
+    return " ".join(parts)
 
 
 def forced_answer_text(generated: str) -> tuple[str, bool]:

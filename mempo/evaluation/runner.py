@@ -235,13 +235,10 @@ def run_single_turn(
     settings: EvalSettings,
     k: int = 1,
 ) -> list[dict[str, Any]]:
-    """The `direct` and `rag` baselines: one forced answer per item, batched `concurrency` at a time."""
-    from mempo.agent.format import (
-        ANSWER_CLOSE,
-        ANSWER_PROBE_PREFIX,
-        format_observation,
-        render_prompt,
-    )
+    """The `direct` and `rag` baselines: one turn per item (see `mempo.evaluation.agents`),
+    forced to an answer when the model searched instead; batched `concurrency` at a time."""
+    from mempo.agent.format import ANSWER_CLOSE, format_observation, parse_turn, render_prompt
+    from mempo.evaluation.agents import forced_answer_prefix
     from mempo.retrieval.base import format_passages
 
     tok = engine.tokenizer
@@ -252,46 +249,68 @@ def run_single_turn(
         hits = engine.retriever.search([it.question for it in items], topk=settings.topk) if items else []
         observations = [format_observation(format_passages(h) if h else "No results.", tok, settings.max_obs_tokens)
                         for h in hits]
-    prompts = [
-        tok.encode(render_prompt(tok, single_turn_messages(it.question, obs), ANSWER_PROBE_PREFIX),
-                   add_special_tokens=False)
-        for it, obs in zip(items, observations, strict=True)
-    ]
-    fits = [i for i, p in enumerate(prompts) if len(p) <= settings.max_prompt_tokens]
-    sampling = sampling_params(settings, stop=(ANSWER_CLOSE,))
-    gens: dict[int, Any] = {}
-    latency: dict[int, float] = {}
-    from tqdm.auto import tqdm
+    messages = [single_turn_messages(it.question, obs) for it, obs in zip(items, observations, strict=True)]
+    prompts = [tok.encode(render_prompt(tok, m), add_special_tokens=False) for m in messages]
+    latency = [0.0] * len(items)
 
-    for start in tqdm(range(0, len(fits), settings.concurrency), desc=f"{agent} ({bench})", leave=False):
-        batch = fits[start:start + settings.concurrency]
-        t0 = time.perf_counter()
-        outs = engine.generator.generate([prompts[i] for i in batch], sampling)
-        dt = time.perf_counter() - t0
-        for i, g in zip(batch, outs, strict=True):
-            gens[i] = g
-            latency[i] = dt
+    def generate(idx: list[int], prompt_of: dict[int, list[int]], sampling: Any, desc: str) -> dict[int, Any]:
+        from tqdm.auto import tqdm
+
+        out: dict[int, Any] = {}
+        for start in tqdm(range(0, len(idx), settings.concurrency), desc=desc, leave=False):
+            batch = idx[start:start + settings.concurrency]
+            t0 = time.perf_counter()
+            gens = engine.generator.generate([prompt_of[i] for i in batch], sampling)
+            dt = time.perf_counter() - t0
+            for i, g in zip(batch, gens, strict=True):
+                out[i] = g
+                latency[i] += dt
+        return out
+
+    fits = [i for i, p in enumerate(prompts) if len(p) <= settings.max_prompt_tokens]
+    first = generate(fits, dict(enumerate(prompts)), sampling_params(settings), f"{agent} ({bench})")
+    parsed_first = {i: parse_turn(g.text) for i, g in first.items()}
+    # Turns that did not answer continue from their own memory and reasoning into `<answer> `.
+    prefixes = {i: forced_answer_prefix(p) for i, p in parsed_first.items() if p.action != "answer"}
+    forced_prompts = {i: tok.encode(render_prompt(tok, messages[i], prefixes[i]), add_special_tokens=False)
+                      for i in prefixes}
+    forced_fits = [i for i in prefixes if len(forced_prompts[i]) <= settings.max_prompt_tokens]
+    forced = generate(forced_fits, forced_prompts, sampling_params(settings, stop=(ANSWER_CLOSE,)),
+                      f"{agent} ({bench}, answers)")
+
     rows = []
     for i, item in enumerate(items):
         row = _base_row(agent, bench, item, k)
-        g = gens.get(i)
-        truncated = g is None
-        answer, closed = forced_answer_text(g.text) if g is not None else (None, False)
+        g1 = first.get(i)
+        truncated = g1 is None or (i in prefixes and i not in forced)
+        lengths = [len(prompts[i])] + ([len(forced_prompts[i])] if i in forced_prompts else [])
+        answer: str | None = None
+        valid = False
+        final_text = ""
+        if not truncated and g1 is not None:
+            if i in forced:
+                final_text = prefixes[i] + forced[i].text
+                final = parse_turn(final_text)
+                answer = final.argument if final.action == "answer" else forced_answer_text(forced[i].text)[0]
+            else:
+                final_text, final = g1.text, parsed_first[i]
+                answer = final.argument
+            valid = parsed_first[i].valid and final.valid and final.action == "answer"
+        parsed = parse_turn(final_text)
         row.update(
-            format_valid=float(closed and bool(answer)),
-            turns=0 if truncated else 1,
+            format_valid=float(valid),
+            turns=0 if g1 is None else 1,
             searches=int(agent == "rag"),
-            peak_prompt_tokens=len(prompts[i]),
-            total_prompt_tokens=len(prompts[i]),
-            generated_tokens=0 if g is None else len(g.token_ids),
-            latency_s=latency.get(i, 0.0),
+            peak_prompt_tokens=max(lengths),
+            total_prompt_tokens=sum(lengths),
+            generated_tokens=sum(len(g.token_ids) for g in (g1, forced.get(i)) if g is not None),
+            latency_s=latency[i],
             hit_turn_limit=0.0,
-            prompt_tokens_by_turn=[len(prompts[i])],
+            prompt_tokens_by_turn=lengths,
             final_memory="",
             transcript=json.dumps([{
-                "memory": None, "think": None, "action": "answer", "argument": answer,
-                "valid": closed, "error": "" if closed else "no </answer>",
-                "titles": _titles(observations[i]), "prompt_tokens": len(prompts[i]),
+                **turn_transcript(parsed, observations[i], max(lengths)),
+                "forced_answer": i in prefixes, "first_response": None if g1 is None else g1.text,
                 "observation": observations[i],
             }], ensure_ascii=False),
             error="context window exceeded" if truncated else "",
