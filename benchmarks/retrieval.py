@@ -230,8 +230,25 @@ def bench_query_batches(encoder: Any, queries: list[str], sizes: tuple[int, ...]
     """ms per encoder call and per query for query batches of each size, in process.
 
     The batching gain is bounded by cost(1) / (cost(n) / n): what the encoder alone allows
-    before any HTTP work, on this machine.
+    before any HTTP work, on this machine. Measured with one torch thread: on a shared,
+    oversubscribed CPU two spinning OpenMP threads make single-query calls 10x slower at
+    random, which would say more about the neighbours than about batching.
     """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out: dict[str, Any] = {"torch_threads": 1}
+    try:
+        out.update(_time_batches(encoder, queries, sizes))
+    finally:
+        torch.set_num_threads(threads)
+    big = str(max(sizes))
+    out["ceiling_ratio"] = round(out["1"]["ms_per_query"] / out[big]["ms_per_query"], 2)
+    return out
+
+
+def _time_batches(encoder: Any, queries: list[str], sizes: tuple[int, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     encoder.encode_queries(queries[:32])  # warm-up
     for n in sizes:
@@ -241,8 +258,6 @@ def bench_query_batches(encoder: Any, queries: list[str], sizes: tuple[int, ...]
             encoder.encode_queries(queries[(r * n) % len(queries):][:n])
         per_call = 1000 * (time.perf_counter() - t) / reps
         out[str(n)] = {"ms_per_call": round(per_call, 2), "ms_per_query": round(per_call / n, 2)}
-    big = str(max(sizes))
-    out["ceiling_ratio"] = round(out["1"]["ms_per_query"] / out[big]["ms_per_query"], 2)
     return out
 
 
