@@ -78,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # httpx logs every request at INFO: thousands of lines per stage that calls the retriever.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.parse_args([*list(argv or sys.argv[1:]), "--help"])
