@@ -82,6 +82,7 @@ def test_single_turn_layouts_and_forced_answer_parsing() -> None:
     assert "<search> Q? </search>" in rag[1]["content"] and "Zha Traiwur" in rag[1]["content"]
     assert forced_answer_text(" Zha Traiwur </answer>") == ("Zha Traiwur", True)
     assert forced_answer_text(" Zha Traiwur and more") == ("Zha Traiwur and more", False)
+    assert forced_answer_text(" Zha <search> q </search>") == ("Zha", False)
 
 
 @pytest.mark.slow  # loading sentence-transformers takes 10-60 s on the shared CPUs

@@ -36,6 +36,7 @@ SINGLE_TURN_AGENTS = ("rag", "direct")
 
 _DOC_SPLIT = re.compile(r"(?:^|\n)\s*Doc \d+(?=\()")
 _TITLE = re.compile(r"\(Title: ([^)]*)\)")
+_ANY_TAG = re.compile(r"</?(?:mem|think|search|answer|access|information)>")
 
 
 def observation_snippets(observation: str | None) -> list[str]:
@@ -139,13 +140,15 @@ def forced_answer_prefix(parsed: ParsedTurn) -> str:
 
 
 def forced_answer_text(generated: str) -> tuple[str, bool]:
-    """(answer, closed) from the text generated after `<answer> `: up to `</answer>` if present."""
+    """(answer, closed) from the text generated after `<answer>`: the text up to the first tag;
+    `closed` when that tag is `</answer>`. Example: " Paris </answer>" -> ("Paris", True);
+    " <search> q </search>" -> ("", False)."""
     from mempo.agent.format import ANSWER_CLOSE
 
-    i = generated.find(ANSWER_CLOSE)
-    if i < 0:
+    m = _ANY_TAG.search(generated)
+    if m is None:
         return generated.strip(), False
-    return generated[:i].strip(), True
+    return generated[:m.start()].strip(), m.group(0) == ANSWER_CLOSE
 
 
 def turn_transcript(parsed: ParsedTurn, observation: str | None, prompt_tokens: int) -> dict[str, Any]:

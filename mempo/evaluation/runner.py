@@ -237,7 +237,7 @@ def run_single_turn(
 ) -> list[dict[str, Any]]:
     """The `direct` and `rag` baselines: one turn per item (see `mempo.evaluation.agents`),
     forced to an answer when the model searched instead; batched `concurrency` at a time."""
-    from mempo.agent.format import ANSWER_CLOSE, format_observation, parse_turn, render_prompt
+    from mempo.agent.format import format_observation, parse_turn, render_prompt
     from mempo.evaluation.agents import forced_answer_prefix
     from mempo.retrieval.base import format_passages
 
@@ -275,7 +275,7 @@ def run_single_turn(
     forced_prompts = {i: tok.encode(render_prompt(tok, messages[i], prefixes[i]), add_special_tokens=False)
                       for i in prefixes}
     forced_fits = [i for i in prefixes if len(forced_prompts[i]) <= settings.max_prompt_tokens]
-    forced = generate(forced_fits, forced_prompts, sampling_params(settings, stop=(ANSWER_CLOSE,)),
+    forced = generate(forced_fits, forced_prompts, sampling_params(settings),
                       f"{agent} ({bench}, answers)")
 
     rows = []
