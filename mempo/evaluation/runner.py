@@ -554,13 +554,15 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
     items = load_benchmarks(list(p.benchmarks), paths, limit=p.limit, seed=p.seed)
     needs_retriever = any(a != "direct" for a in p.agents)
 
-    with resolved_model(p.model) as model:
+    with resolved_model(p.model) as model, contextlib.ExitStack() as cleanup:
         if engine is None:
             engine = load_engine(
                 model.path, model.tokenizer_path, backend=p.backend, device=p.device,
                 openai_url=p.openai_url, served_model=p.served_model,
                 retriever=p.retriever if needs_retriever else None, concurrency=p.concurrency,
             )
+            if engine.retriever is not None:
+                cleanup.callback(engine.retriever.close)
         meta: dict[str, Any] = {
             **model.describe(),
             "backend": p.backend,
