@@ -165,6 +165,22 @@ def run_seed(seed: int, a: argparse.Namespace, world: Path, data: Path, tasks: d
     return out
 
 
+def observations(out: dict[str, Any], curves: dict[str, list[list[dict[str, float]]]]) -> list[str]:
+    """Plain-language reading of the numbers, so the JSON is honest on its own."""
+    notes = []
+    res = out["results"]
+    if (res["sft"]["single_em"]["mean"] or 0.0) == 0.0:
+        notes.append("SFT left test EM at 0 (the SFT budget was too small to reach the mid-curve "
+                     "EM 0.3-0.7 the protocol needs); raise --sft-steps.")
+    for v in ("grpo", "mempo"):
+        kls = [h[-1].get("kl", 0.0) for h in curves[v] if h]
+        signal = [statistics.fmean(r.get("groups_with_signal", 0.0) for r in h) for h in curves[v] if h]
+        if kls:
+            notes.append(f"{v}: final KL to the start policy {statistics.fmean(kls):.4f}, share of task groups "
+                         f"with reward variance {statistics.fmean(signal):.3f} (0 = no outcome signal).")
+    return notes
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -267,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     plot_curves(mean_curve, ["grpo_reward", "mempo_reward"], out_path.with_name("learning_curves.png"),
                 title="RL training reward (mean over seeds)")
     out["curves"] = mean_curve
+    out["observations"] = observations(out, curves)
     write_json(out_path, out)
 
     print(f"\n{'variant':<10} {'EM single':>16} {'F1 single':>10} {'EM k=4':>16} {'prompt tok/turn':>16} {'EM vs SFT':>10}")
