@@ -20,6 +20,17 @@ from mempo.errors import DataError
 from mempo.io import ReadStats, iter_jsonl
 
 
+def title_of(contents: str) -> str:
+    """The title line of wiki-18 `contents` ("Title\\ntext"; wiki-18 quotes some titles)."""
+    return contents.split("\n", 1)[0].strip().strip('"')
+
+
+def text_of(contents: str) -> str:
+    """The passage text of wiki-18 `contents`, without the title line."""
+    parts = contents.split("\n", 1)
+    return parts[1].strip() if len(parts) > 1 else ""
+
+
 @dataclass(frozen=True)
 class Passage:
     """One retrieval unit: `contents` is "Title\\ntext" as in wiki-18."""
@@ -29,12 +40,11 @@ class Passage:
 
     @property
     def title(self) -> str:
-        return self.contents.split("\n", 1)[0].strip().strip('"')
+        return title_of(self.contents)
 
     @property
     def text(self) -> str:
-        parts = self.contents.split("\n", 1)
-        return parts[1].strip() if len(parts) > 1 else ""
+        return text_of(self.contents)
 
     def to_dict(self) -> dict[str, str]:
         return {"id": self.id, "contents": self.contents}

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mempo.datasets import Passage
+from mempo.datasets import Passage, text_of, title_of
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,11 @@ class Hit:
 
     @property
     def title(self) -> str:
-        return self.contents.split("\n", 1)[0].strip().strip('"')
+        return title_of(self.contents)
 
     @property
     def text(self) -> str:
-        parts = self.contents.split("\n", 1)
-        return parts[1].strip() if len(parts) > 1 else ""
+        return text_of(self.contents)
 
     def passage(self) -> Passage:
         return Passage(self.id, self.contents)
