@@ -50,6 +50,7 @@ class PolicyParams(Section):
     num_heads: int = Field(4, ge=1)
     num_kv_heads: int = Field(2, ge=1)
     max_positions: int = Field(2048, ge=64)
+    max_token_chars: int = Field(0, ge=0)
     seed: int = 0
 
 
@@ -257,6 +258,7 @@ class SFTParams(Section):
     max_questions: int | None = Field(1500, ge=1)
     multi_k: list[int] = Field(default_factory=lambda: [4])
     multi_tasks: int = Field(100, ge=0)
+    rename_entities: float = Field(1.0, ge=0.0, le=1.0)
     val_questions: int = Field(100, ge=1)
     epochs: float = Field(1.0, gt=0.0)
     max_steps: int = Field(0, ge=0)
@@ -316,14 +318,10 @@ class IndexParams(Section):
     ray_address: str = ""
 
 
-class ServeParams(Section):
-    """`mempo serve retriever`: the retrieval service (mempo.retrieval.server)."""
+class ServiceLimitParams(Section):
+    """Request limits and batching knobs of the retrieval service (the part of `serve:` that
+    `mempo.retrieval.server.ServiceLimits` extends with the runtime-only bearer token)."""
 
-    index: str = "outputs/index"
-    host: str = "127.0.0.1"
-    port: int = Field(8013, ge=0, le=65535)
-    encoder: str = ""
-    device: str = "cpu"
     batching: bool = True
     batch_window_ms: float = Field(3.0, ge=0.0)
     max_batch_queries: int = Field(128, ge=1)
@@ -333,7 +331,21 @@ class ServeParams(Section):
     default_topk: int = Field(3, ge=1)
     max_body_bytes: int = Field(1_000_000, ge=64)
     max_access_items: int = Field(64, ge=1)
+
+
+class ServeParams(ServiceLimitParams):
+    """`mempo serve retriever`: the retrieval service (mempo.retrieval.server)."""
+
+    index: str = "outputs/index"
+    host: str = "127.0.0.1"
+    port: int = Field(8013, ge=0, le=65535)
+    encoder: str = ""
+    device: str = "cpu"
     graceful_timeout_s: float = Field(30.0, ge=0.0)
+
+    def limits(self) -> ServiceLimitParams:
+        """Only the limit and batching fields."""
+        return ServiceLimitParams(**{k: getattr(self, k) for k in ServiceLimitParams.model_fields})
 
 
 class CorpusParams(Section):

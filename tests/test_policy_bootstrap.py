@@ -31,6 +31,8 @@ def test_tiny_policy_is_a_loadable_hf_folder_with_tags_and_template(tiny_policy:
         assert len(tok.encode(tag, add_special_tokens=False)) == 1, tag
     text = render_prompt(tok, build_messages("Who founded X?"))
     assert text.endswith("<|im_start|>assistant\n")
+    # The tiny template leaves out the (constant) system message; the user turn is all there.
+    assert text == "<|im_start|>user\nQuestion: Who founded X?<|im_end|>\n<|im_start|>assistant\n"
     # The turn tags survive decoding with special tokens skipped; the chat markers do not.
     ids = tok.encode("<mem> a </mem><answer> b </answer><|im_end|>", add_special_tokens=False)
     assert tok.decode(ids, skip_special_tokens=True) == "<mem> a </mem><answer> b </answer>"
@@ -109,3 +111,21 @@ def test_smollm2_converts_from_the_packaged_gguf(tmp_path: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "smol")
     assert "<|im_start|>assistant" in render_prompt(tok, build_messages("Who founded X?"))
     assert model.config.model_type == "llama"
+
+
+def test_tiny_tokenizer_max_token_chars_splits_names_into_short_pieces(tiny_world: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from mempo.datasets import load_qa
+    from mempo.policy import TinyPolicySpec, bootstrap_tiny
+
+    names = [h["entity"] for q in load_qa(tiny_world / "qa" / "test.jsonl") for h in q.metadata["chain"]]
+    lengths = {}
+    for limit in (0, 5):
+        out = tmp_path / f"t{limit}"
+        bootstrap_tiny(out, tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"],
+                       spec=TinyPolicySpec(vocab_size=600, max_token_chars=limit))
+        tok = AutoTokenizer.from_pretrained(out)
+        pieces = [p for n in names for p in tok.tokenize(" " + n)]
+        lengths[limit] = max(len(p.lstrip("Ġ")) for p in pieces)
+    assert lengths[5] <= 5 < lengths[0]

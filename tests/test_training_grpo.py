@@ -183,3 +183,35 @@ def test_smollm2_three_grpo_steps(setup: dict[str, Path], tmp_path: Path) -> Non
     metrics = run_grpo(load_params(None, over), tracking=False)
     assert metrics["steps"] == 3
     assert (tmp_path / "run" / "model" / "config.json").exists()
+
+
+def test_rename_entities_replaces_chain_names_consistently_and_keeps_generic_words() -> None:
+    import random
+
+    from mempo.datasets import QAItem
+    from mempo.training.sft import SFTSample, rename_entities
+
+    chain = [{"entity": "Kuvshil Brailteix", "relation": "works_for", "value": "Khailkheind Textiles", "doc_id": "1"},
+             {"entity": "Khailkheind Textiles", "relation": "founded_by", "value": "Gian Gourlio", "doc_id": "2"}]
+    item = QAItem("q1", "Who founded the company that Kuvshil Brailteix works for?", ["Gian Gourlio"],
+                  {"chain": chain})
+    s = SFTSample([{"role": "system", "content": "sys"},
+                   {"role": "user", "content": "Question: Who founded the company that Kuvshil Brailteix works for?\n"
+                                               "<information> Doc 1(Title: Khailkheind Textiles) Khailkheind Textiles "
+                                               "was founded by Gian Gourlio. Brailteix works there. </information>"}],
+                  "<mem> Kuvshil Brailteix works for Khailkheind Textiles. </mem> <answer> Gian Gourlio </answer>")
+    (out,) = rename_entities([s], item, random.Random(0))
+    text = out.messages[1]["content"] + out.response
+    for word in ["Kuvshil", "Brailteix", "Khailkheind", "Gian", "Gourlio"]:
+        assert word not in text
+    assert "Textiles" in out.response and out.messages[0]["content"] == "sys"
+    # the same new name everywhere: the answer in the response is the founder named in the passage
+    answer = out.response.split("<answer>")[1].split("</answer>")[0].strip()
+    assert f"founded by {answer}." in out.messages[1]["content"]
+    subject = out.response.split("<mem> ")[1].split(" works for")[0]
+    assert f"company that {subject} works for?" in out.messages[1]["content"]
+    assert f"{subject.split()[1]} works there" in out.messages[1]["content"]  # a surname alone too
+    # another draw gives other names; no chain -> unchanged
+    (again,) = rename_entities([s], item, random.Random(1))
+    assert again.response != out.response
+    assert rename_entities([s], QAItem("q2", "x?", ["y"], {}), random.Random(0)) == [s]

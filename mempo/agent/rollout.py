@@ -203,16 +203,23 @@ class GeneratorPolicy:
             await asyncio.sleep(0)  # let every episode that is ready enqueue its turn
             batch = self._pending[: self.max_batch]
             del self._pending[: len(batch)]
-            try:
-                gens = await asyncio.to_thread(self.generator.generate, [p for p, _ in batch], self.sampling)
-            except Exception as e:  # noqa: BLE001 - hand the error to every waiting episode
-                for _, f in batch:
-                    if not f.done():
-                        f.set_exception(e)
-                continue
-            for (_, f), g in zip(batch, gens, strict=True):
-                if not f.done():
-                    f.set_result(g)
+            await generate_batch(self.generator, self.sampling, batch)
+
+
+async def generate_batch(generator: Generator, sampling: SamplingParams,
+                         batch: list[tuple[list[int], asyncio.Future[Generation]]]) -> None:
+    """Generate for every (prompt ids, future) of `batch` in ONE call (in a worker thread, so
+    other episodes' tool calls proceed) and resolve the futures; an error goes to each of them."""
+    try:
+        gens = await asyncio.to_thread(generator.generate, [p for p, _ in batch], sampling)
+    except Exception as e:  # noqa: BLE001 - hand the error to every waiting episode
+        for _, f in batch:
+            if not f.done():
+                f.set_exception(e)
+        return
+    for (_, f), g in zip(batch, gens, strict=True):
+        if not f.done():
+            f.set_result(g)
 
 
 def _objective_answers(item: QAItem) -> list[list[str]]:

@@ -36,11 +36,8 @@ def _serve(args: argparse.Namespace) -> int:
     keys = ["index", "host", "port", "encoder", "device", "batching", "batch_window_ms",
             "max_batch_queries"]
     p = params_from(args, {f"serve.{k}": getattr(args, k) for k in keys}).serve
-    limit_keys = ServiceLimits.model_fields.keys() - {"token"}
-    limits = ServiceLimits(
-        **{k: getattr(p, k) for k in limit_keys},
-        token=args.token or os.environ.get("MEMPO_RETRIEVER_TOKEN") or None,
-    )
+    limits = ServiceLimits(**p.limits().model_dump(),
+                           token=args.token or os.environ.get("MEMPO_RETRIEVER_TOKEN") or None)
     serve_retriever(p.index, host=p.host, port=p.port, encoder=p.encoder or None,
                     device=p.device, limits=limits, graceful_timeout_s=p.graceful_timeout_s)
     return 0

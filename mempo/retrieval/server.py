@@ -33,27 +33,17 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
 
+from mempo.config import ServiceLimitParams
 from mempo.retrieval.base import Hit, Retriever
 
 log = logging.getLogger(__name__)
 
 
-class ServiceLimits(BaseModel):
-    """Request limits and batching knobs of the service (params.yaml `serve:`)."""
+class ServiceLimits(ServiceLimitParams):
+    """Request limits and batching knobs (params.yaml `serve:`, `ServiceLimitParams`) plus the
+    optional bearer token, which comes from `--token` or the environment, never from params."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    max_queries_per_request: int = Field(256, ge=1)
-    max_query_chars: int = Field(2048, ge=1)
-    max_topk: int = Field(50, ge=1)
-    default_topk: int = Field(3, ge=1)
-    max_body_bytes: int = Field(1_000_000, ge=64)
-    max_access_items: int = Field(64, ge=1)
-    batching: bool = True
-    batch_window_ms: float = Field(3.0, ge=0)
-    max_batch_queries: int = Field(128, ge=1)
     token: str | None = None
 
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mempo.agent.generation import Generation, Generator, SamplingParams
-from mempo.agent.rollout import Episode, RolloutConfig, TurnRequest, arun_episodes
+from mempo.agent.rollout import Episode, RolloutConfig, TurnRequest, arun_episodes, generate_batch
 from mempo.agent.tools import ToolEnv
 from mempo.datasets import QAItem
 
@@ -65,16 +65,7 @@ class LockstepPolicy:
 
     async def _flush(self, batch: list[tuple[list[int], asyncio.Future[Generation]]]) -> None:
         self.generate_calls += 1
-        try:
-            gens = await asyncio.to_thread(self.generator.generate, [p for p, _ in batch], self.sampling)
-        except Exception as e:  # noqa: BLE001 - hand the error to every waiting episode
-            for _, f in batch:
-                if not f.done():
-                    f.set_exception(e)
-            return
-        for (_, f), g in zip(batch, gens, strict=True):
-            if not f.done():
-                f.set_result(g)
+        await generate_batch(self.generator, self.sampling, batch)
 
 
 def lockstep_episodes(

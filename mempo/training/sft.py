@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import math
+import random
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -215,6 +217,48 @@ def episode_samples(episode: Any, system_prompt: str | None = None) -> list[SFTS
     return out
 
 
+def _chain_words(item: Any) -> list[str]:
+    """Made-up words of the entity names and values along every hop chain of a task."""
+    from mempo.world.names import GENERIC_NAME_WORDS
+
+    meta = item.metadata or {}
+    chains = [(o.get("metadata") or {}).get("chain") or [] for o in meta.get("objectives") or []]
+    chains = chains or [meta.get("chain") or []]
+    words: list[str] = []
+    for chain in chains:
+        for hop in chain:
+            for name in (str(hop.get("entity", "")), str(hop.get("value", ""))):
+                for w in re.findall(r"[A-Za-z]+", name):
+                    if w[0].isupper() and w not in GENERIC_NAME_WORDS and w not in words:
+                        words.append(w)
+    return words
+
+
+def rename_entities(samples: Sequence[SFTSample], item: Any, rng: Any) -> list[SFTSample]:
+    """The samples of one episode with every made-up word of its chain's names (subject,
+    bridge entities, answer) replaced by a fresh made-up word, consistently in the prompt,
+    the observations and the response.
+
+    Why: a small policy trained from scratch on a few thousand episodes learns the names of
+    its training entities by heart (train loss falls, held-out EM stays near 0) instead of
+    learning to copy a name from the question or a passage, which is what a held-out,
+    entity-disjoint question needs. With fresh names per episode, memorising cannot help.
+    """
+    from mempo.world.names import fresh_word
+
+    words = _chain_words(item)
+    if not words:
+        return list(samples)
+    mapping = {w: fresh_word(rng) for w in words}
+    pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r")\b")
+
+    def sub(text: str) -> str:
+        return pattern.sub(lambda m: mapping[m.group(1)], text)
+
+    return [SFTSample([{"role": m["role"], "content": sub(m["content"])} for m in s.messages], sub(s.response))
+            for s in samples]
+
+
 def sft_tasks(
     world: str | Path, split: str, part: str | None, max_questions: int | None,
     multi_k: Sequence[int], multi_tasks: int, seed: int,
@@ -244,9 +288,11 @@ def sft_tasks(
 
 def teacher_samples(
     tasks: Sequence[Any], retriever: Any, tokenizer: Any, agent: Any, multi_rule: str = "all",
+    rename: float = 0.0, seed: int = 0,
 ) -> tuple[list[SFTSample], dict[str, float]]:
     """Run the scripted teacher on `tasks` through the real retriever and keep the turns of
-    the episodes it got right (R^T = 1). Returns (samples, stats)."""
+    the episodes it got right (R^T = 1); a `rename` share of them gets fresh entity names
+    (`rename_entities`, drawn with `seed`). Returns (samples, stats)."""
     from mempo.agent.rollout import RolloutConfig, run_episodes
     from mempo.agent.teacher import ScriptedTeacher
     from mempo.agent.tools import ToolConfig, ToolEnv
@@ -257,10 +303,20 @@ def teacher_samples(
     cfg = RolloutConfig(max_turns=max(agent.max_turns, 64), max_concurrent_episodes=agent.max_concurrent_episodes,
                         check_masks=agent.check_masks)
     episodes = run_episodes(list(tasks), ScriptedTeacher(tokenizer), env, tokenizer, "memory", cfg)
+    by_id = {t.id: t for t in tasks}
+    rng = random.Random(seed)
     kept = [ep for ep in episodes if ep.outcome_reward(multi_rule=multi_rule) >= 1.0]
-    samples = [s for ep in kept for s in episode_samples(ep)]
+    samples: list[SFTSample] = []
+    renamed = 0
+    for ep in kept:
+        ep_samples = episode_samples(ep)
+        if rename > 0 and rng.random() < rename:
+            ep_samples = rename_entities(ep_samples, by_id[ep.item_id], rng)
+            renamed += 1
+        samples.extend(ep_samples)
     stats = {"episodes": len(episodes), "correct": len(kept),
-             "teacher_em": len(kept) / max(len(episodes), 1), "samples": len(samples)}
+             "teacher_em": len(kept) / max(len(episodes), 1), "samples": len(samples),
+             "renamed_episodes": renamed}
     return samples, stats
 
 
@@ -316,7 +372,8 @@ def _run_sft(params: Any) -> dict[str, Any]:
         with open_retriever(p.retriever) as retriever:
             train_tasks = sft_tasks(p.world, "train", p.part or None, p.max_questions, p.multi_k, p.multi_tasks, p.seed)
             val_tasks = sft_tasks(p.world, "val", None, p.val_questions, [], 0, p.seed)
-            train_s, data_stats = teacher_samples(train_tasks, retriever, tok, params.agent, params.mempo.multi_rule)
+            train_s, data_stats = teacher_samples(train_tasks, retriever, tok, params.agent, params.mempo.multi_rule,
+                                                  rename=p.rename_entities, seed=p.seed)
             val_s, _ = teacher_samples(val_tasks, retriever, tok, params.agent, params.mempo.multi_rule)
         write_sft_samples(out / "trajectories" / "train.jsonl", train_s)
         write_sft_samples(out / "trajectories" / "val.jsonl", val_s)

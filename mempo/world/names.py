@@ -67,3 +67,13 @@ class NameFactory:
 
     def river(self) -> str:
         return self._unique(lambda: _word(self.rng, 1, 2) + self.rng.choice(_RIVER_ENDS))
+
+
+# Words of entity names that are ordinary vocabulary ("Textiles", "The Golden Tower"), not
+# made-up names: renaming (mempo.training.sft.rename_entities) leaves them alone.
+GENERIC_NAME_WORDS: frozenset[str] = frozenset(_COMPANY_KINDS + _BOOK_NOUNS + _BOOK_ADJS + ["The", "of"])
+
+
+def fresh_word(rng: random.Random) -> str:
+    """A made-up capitalised word of 1-3 syllables (not checked against any world)."""
+    return _word(rng, 1, 3)
