@@ -259,6 +259,7 @@ class SFTParams(Section):
     multi_k: list[int] = Field(default_factory=lambda: [4])
     multi_tasks: int = Field(100, ge=0)
     rename_entities: float = Field(1.0, ge=0.0, le=1.0)
+    prompt_loss_weight: float = Field(0.0, ge=0.0)
     val_questions: int = Field(100, ge=1)
     epochs: float = Field(1.0, gt=0.0)
     max_steps: int = Field(0, ge=0)

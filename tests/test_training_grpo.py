@@ -215,3 +215,29 @@ def test_rename_entities_replaces_chain_names_consistently_and_keeps_generic_wor
     (again,) = rename_entities([s], item, random.Random(1))
     assert again.response != out.response
     assert rename_entities([s], QAItem("q2", "x?", ["y"], {}), random.Random(0)) == [s]
+
+
+def test_prompt_lm_loss_weights_skip_retrieved_passages(setup: dict[str, Path]) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mempo.training.sft import SFTSample, collate, token_loss, tokenize_samples
+
+    tok = AutoTokenizer.from_pretrained(setup["policy"])
+    model = AutoModelForCausalLM.from_pretrained(setup["policy"])
+    s = SFTSample([{"role": "user", "content": "Question: where? <information> Doc 1 secret fact </information> tail"}],
+                  "<answer> x </answer>")
+    (plain,) = tokenize_samples([s], tok)
+    (lm,) = tokenize_samples([s], tok, prompt_lm=True)
+    assert plain.prompt_lm is None and lm.input_ids == plain.input_ids and len(lm.prompt_lm) == lm.n_prompt
+    marked = tok.decode([t for t, m in zip(lm.input_ids, lm.prompt_lm, strict=False) if m])
+    assert "Question: where?" in marked and "tail" in marked and "secret" not in marked
+    w = collate([lm], tok.pad_token_id, prompt_weight=0.5)["loss_weights"][0]
+    assert set(w[:lm.n_prompt].tolist()) == {0.0, 0.5} and w[lm.n_prompt:].eq(1.0).all()
+    # without a prompt weight the loss is the assistant-token loss, whatever prompt_lm says
+    with torch.no_grad():
+        a, na = token_loss(model, collate([plain], tok.pad_token_id), "cpu")
+        b, nb = token_loss(model, collate([lm], tok.pad_token_id, 0.0), "cpu")
+        c, nc = token_loss(model, collate([lm], tok.pad_token_id, 0.5), "cpu")
+    assert float(a) == float(b) and na == nb == len(lm.input_ids) - lm.n_prompt
+    assert nc > nb and float(c) > float(b)

@@ -47,10 +47,25 @@ class SFTSample:
 
 @dataclass(frozen=True)
 class TokenizedSample:
-    """`input_ids` = prompt ids + response ids (+ eos); `n_prompt` leading ids carry no loss."""
+    """`input_ids` = prompt ids + response ids (+ eos); `n_prompt` leading ids carry no loss,
+    except those `prompt_lm` marks (True) when the trainer adds a prompt LM loss."""
 
     input_ids: list[int]
     n_prompt: int
+    prompt_lm: tuple[bool, ...] | None = None
+
+
+_INFO_RE = re.compile(r"<information>.*?(</information>|$)", re.S)
+
+
+def _prompt_lm_mask(tokenizer: Any, text: str, n_ids: int) -> tuple[bool, ...]:
+    """Per prompt token: True outside `<information>` blocks. Retrieved passages stay out of the
+    prompt LM loss so the policy never learns corpus facts by heart from them."""
+    spans = [m.span() for m in _INFO_RE.finditer(text)]
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    if len(offsets) != n_ids:  # a tokenizer without offsets support: no prompt loss
+        return tuple([False] * n_ids)
+    return tuple(not any(a <= start < b for a, b in spans) for start, _ in offsets)
 
 
 def _check_messages(messages: Any, path: Path, row: int) -> list[dict[str, str]]:
@@ -88,13 +103,14 @@ def write_sft_samples(path: str | Path, samples: Iterable[SFTSample]) -> int:
 
 
 def tokenize_samples(
-    samples: Sequence[SFTSample], tokenizer: Any, max_tokens: int | None = None
+    samples: Sequence[SFTSample], tokenizer: Any, max_tokens: int | None = None, prompt_lm: bool = False,
 ) -> list[TokenizedSample]:
     """Tokenise prompt and response separately (as the rollout does) and append eos.
 
     Samples longer than `max_tokens` keep their response and lose prompt tokens from the
     left (the system prompt goes first; the question and memory stay). Samples whose
-    response alone exceeds `max_tokens` are dropped with a warning.
+    response alone exceeds `max_tokens` are dropped with a warning. `prompt_lm`: also mark
+    the prompt tokens outside retrieved passages for the prompt LM loss (`collate`).
     """
     from mempo.agent.format import render_prompt
 
@@ -102,49 +118,60 @@ def tokenize_samples(
     dropped = 0
     eos = tokenizer.eos_token_id
     for s in samples:
-        p = tokenizer.encode(render_prompt(tokenizer, s.messages), add_special_tokens=False)
+        text = render_prompt(tokenizer, s.messages)
+        p = tokenizer.encode(text, add_special_tokens=False)
+        lm = _prompt_lm_mask(tokenizer, text, len(p)) if prompt_lm else None
         r = tokenizer.encode(s.response, add_special_tokens=False) + ([eos] if eos is not None else [])
         if max_tokens is not None and len(p) + len(r) > max_tokens:
             if len(r) >= max_tokens:
                 dropped += 1
                 continue
-            p = p[len(p) + len(r) - max_tokens:]
-        out.append(TokenizedSample(p + r, len(p)))
+            cut = len(p) + len(r) - max_tokens
+            p, lm = p[cut:], (lm[cut:] if lm is not None else None)
+        out.append(TokenizedSample(p + r, len(p), lm))
     if dropped:
         log.warning("dropped %d SFT samples whose response exceeds %s tokens", dropped, max_tokens)
     return out
 
 
-def collate(batch: Sequence[TokenizedSample], pad_id: int) -> dict[str, Any]:
-    """Right-pad a batch. Returns input_ids, attention_mask, labels: LongTensor [B, T]."""
+def collate(batch: Sequence[TokenizedSample], pad_id: int, prompt_weight: float = 0.0) -> dict[str, Any]:
+    """Right-pad a batch. Returns input_ids, attention_mask, labels: LongTensor [B, T], and
+    loss_weights: FloatTensor [B, T] (1 on response tokens, `prompt_weight` on the prompt
+    tokens a sample's `prompt_lm` marks, 0 elsewhere)."""
     import torch
 
     width = max(len(s.input_ids) for s in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     att = torch.zeros((len(batch), width), dtype=torch.long)
     labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    weights = torch.zeros((len(batch), width), dtype=torch.float32)
     for r, s in enumerate(batch):
         n = len(s.input_ids)
         ids[r, :n] = torch.tensor(s.input_ids)
         att[r, :n] = 1
         labels[r, s.n_prompt:n] = ids[r, s.n_prompt:n]
-    return {"input_ids": ids, "attention_mask": att, "labels": labels}
+        weights[r, s.n_prompt:n] = 1.0
+        if prompt_weight > 0 and s.prompt_lm is not None:
+            weights[r, :s.n_prompt] = prompt_weight * torch.tensor(s.prompt_lm, dtype=torch.float32)
+    return {"input_ids": ids, "attention_mask": att, "labels": labels, "loss_weights": weights}
 
 
-def token_loss(model: Any, batch: dict[str, Any], device: Any) -> tuple[Any, int]:
-    """Sum of next-token cross-entropy over labelled tokens, and their count.
+def token_loss(model: Any, batch: dict[str, Any], device: Any) -> tuple[Any, float]:
+    """Weighted sum of next-token cross-entropy (`loss_weights`; without them, 1 on labelled
+    tokens) and the sum of the weights. Divide for the weighted token mean; with no prompt
+    weight that is the mean over assistant tokens.
 
-    Returns (loss_sum: scalar tensor, n_tokens: int); divide for the token mean.
+    Returns (loss_sum: scalar tensor, weight_sum: float).
     """
     import torch.nn.functional as F
 
     ids = batch["input_ids"].to(device)
-    logits = model(input_ids=ids, attention_mask=batch["attention_mask"].to(device)).logits
-    labels = batch["labels"].to(device)[:, 1:]
-    logits = logits[:, :-1].float()
-    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
-                           ignore_index=-100, reduction="sum")
-    return loss, int((labels != -100).sum())
+    logits = model(input_ids=ids, attention_mask=batch["attention_mask"].to(device)).logits[:, :-1].float()
+    weights = batch.get("loss_weights")
+    weights = (batch["labels"] != -100).float() if weights is None else weights
+    weights = weights.to(device)[:, 1:]
+    ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
+    return (ce * weights.reshape(-1)).sum(), float(weights.sum())
 
 
 def length_bucketed_batches(
@@ -378,7 +405,7 @@ def _run_sft(params: Any) -> dict[str, Any]:
         write_sft_samples(out / "trajectories" / "train.jsonl", train_s)
         write_sft_samples(out / "trajectories" / "val.jsonl", val_s)
     data_stats["data_seconds"] = time.perf_counter() - t_data
-    train_t = tokenize_samples(train_s, tok, p.max_tokens)
+    train_t = tokenize_samples(train_s, tok, p.max_tokens, prompt_lm=p.prompt_loss_weight > 0)
     val_t = tokenize_samples(val_s, tok, p.max_tokens)
     if not train_t:
         raise DataError("no SFT samples left after tokenisation", field="sft.max_tokens")
@@ -406,7 +433,7 @@ def _run_sft(params: Any) -> dict[str, Any]:
         epoch, pos = divmod(state.step, steps_per_epoch)
         if epoch not in epoch_batches:
             epoch_batches = {epoch: length_bucketed_batches(lengths, p.batch_size, p.seed, epoch)}
-        batch = collate([train_t[i] for i in epoch_batches[epoch][pos]], pad_id)
+        batch = collate([train_t[i] for i in epoch_batches[epoch][pos]], pad_id, p.prompt_loss_weight)
         t0 = time.perf_counter()
         loss_sum, n_tok = token_loss(model, batch, device)
         loss = loss_sum / max(n_tok, 1)
