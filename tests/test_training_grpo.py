@@ -4,6 +4,7 @@ runs, SIGKILL-and-resume determinism, and (slow) the SmolLM2 policy."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -215,6 +216,19 @@ def test_rename_entities_replaces_chain_names_consistently_and_keeps_generic_wor
     (again,) = rename_entities([s], item, random.Random(1))
     assert again.response != out.response
     assert rename_entities([s], QAItem("q2", "x?", ["y"], {}), random.Random(0)) == [s]
+    # with a pool, every replacement word comes from it
+    (pooled,) = rename_entities([s], item, random.Random(0), pool=["Zorv", "Quell"])
+    assert set(re.findall(r"[A-Z][a-z]+", pooled.response)) <= {"Zorv", "Quell", "Textiles"}
+
+
+def test_name_word_pool_is_the_made_up_words_of_corpus_titles(tiny_world: Path) -> None:
+    from mempo.datasets import iter_corpus
+    from mempo.training.sft import name_word_pool
+
+    pool = name_word_pool(tiny_world / "corpus.jsonl")
+    titles = " ".join(p.title for p in iter_corpus(tiny_world / "corpus.jsonl"))
+    assert pool == sorted(set(pool)) and len(pool) > 20
+    assert all(w in titles for w in pool) and "Textiles" not in pool and "The" not in pool
 
 
 def test_prompt_lm_loss_weights_skip_retrieved_passages(setup: dict[str, Path]) -> None:

@@ -261,7 +261,19 @@ def _chain_words(item: Any) -> list[str]:
     return words
 
 
-def rename_entities(samples: Sequence[SFTSample], item: Any, rng: Any) -> list[SFTSample]:
+def name_word_pool(corpus: str | Path) -> list[str]:
+    """The made-up words of the corpus's article titles (its entity names), sorted: what
+    `rename_entities` draws replacement names from."""
+    from mempo.datasets import iter_corpus
+    from mempo.world.names import GENERIC_NAME_WORDS
+
+    words = {w for passage in iter_corpus(corpus) for w in re.findall(r"[A-Za-z]+", passage.title)
+             if w[0].isupper() and w not in GENERIC_NAME_WORDS}
+    return sorted(words)
+
+
+def rename_entities(samples: Sequence[SFTSample], item: Any, rng: Any,
+                    pool: Sequence[str] | None = None) -> list[SFTSample]:
     """The samples of one episode with every made-up word of its chain's names (subject,
     bridge entities, answer) replaced by a fresh made-up word, consistently in the prompt,
     the observations and the response.
@@ -269,14 +281,19 @@ def rename_entities(samples: Sequence[SFTSample], item: Any, rng: Any) -> list[S
     Why: a small policy trained from scratch on a few thousand episodes learns the names of
     its training entities by heart (train loss falls, held-out EM stays near 0) instead of
     learning to copy a name from the question or a passage, which is what a held-out,
-    entity-disjoint question needs. With fresh names per episode, memorising cannot help.
+    entity-disjoint question needs. With other names per episode, memorising cannot help.
+
+    Replacement words come from `pool` (e.g. `name_word_pool(corpus)`: words of the corpus's
+    entity names, so the policy practises copying exactly the tokens names are made of; they
+    are reassigned at random, so no fact about any entity is taught), or are made up when
+    `pool` is None.
     """
     from mempo.world.names import fresh_word
 
     words = _chain_words(item)
     if not words:
         return list(samples)
-    mapping = {w: fresh_word(rng) for w in words}
+    mapping = {w: (rng.choice(pool) if pool else fresh_word(rng)) for w in words}
     pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r")\b")
 
     def sub(text: str) -> str:
@@ -315,7 +332,7 @@ def sft_tasks(
 
 def teacher_samples(
     tasks: Sequence[Any], retriever: Any, tokenizer: Any, agent: Any, multi_rule: str = "all",
-    rename: float = 0.0, seed: int = 0,
+    rename: float = 0.0, seed: int = 0, name_pool: Sequence[str] | None = None,
 ) -> tuple[list[SFTSample], dict[str, float]]:
     """Run the scripted teacher on `tasks` through the real retriever and keep the turns of
     the episodes it got right (R^T = 1); a `rename` share of them gets fresh entity names
@@ -338,7 +355,7 @@ def teacher_samples(
     for ep in kept:
         ep_samples = episode_samples(ep)
         if rename > 0 and rng.random() < rename:
-            ep_samples = rename_entities(ep_samples, by_id[ep.item_id], rng)
+            ep_samples = rename_entities(ep_samples, by_id[ep.item_id], rng, name_pool)
             renamed += 1
         samples.extend(ep_samples)
     stats = {"episodes": len(episodes), "correct": len(kept),
@@ -400,7 +417,8 @@ def _run_sft(params: Any) -> dict[str, Any]:
             train_tasks = sft_tasks(p.world, "train", p.part or None, p.max_questions, p.multi_k, p.multi_tasks, p.seed)
             val_tasks = sft_tasks(p.world, "val", None, p.val_questions, [], 0, p.seed)
             train_s, data_stats = teacher_samples(train_tasks, retriever, tok, params.agent, params.mempo.multi_rule,
-                                                  rename=p.rename_entities, seed=p.seed)
+                                                  rename=p.rename_entities, seed=p.seed,
+                                                  name_pool=name_word_pool(Path(p.world) / "corpus.jsonl"))
             val_s, _ = teacher_samples(val_tasks, retriever, tok, params.agent, params.mempo.multi_rule)
         write_sft_samples(out / "trajectories" / "train.jsonl", train_s)
         write_sft_samples(out / "trajectories" / "val.jsonl", val_s)
