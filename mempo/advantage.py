@@ -48,8 +48,10 @@ def _as_float64(values: torch.Tensor | Sequence[float]) -> torch.Tensor:
     return torch.as_tensor(values, dtype=torch.float64).reshape(-1)
 
 
-def _group_normalise(values: torch.Tensor, codes: torch.Tensor, norm_by_std: bool, eps: float) -> torch.Tensor:
-    """(v - mean_g) / (std_g + eps) per group code (or v - mean_g); groups of one give 0."""
+def _group_normalise(values: torch.Tensor, codes: torch.Tensor, norm_by_std: bool, eps: float,
+                     min_std: float = 0.0) -> torch.Tensor:
+    """(v - mean_g) / (max(std_g, min_std) + eps) per group code (or v - mean_g); groups of
+    one give 0."""
     v = values.double()
     n_groups = int(codes.max()) + 1 if codes.numel() else 0
     count = torch.zeros(n_groups, dtype=torch.double).index_add_(0, codes, torch.ones_like(v))
@@ -60,7 +62,7 @@ def _group_normalise(values: torch.Tensor, codes: torch.Tensor, norm_by_std: boo
     if norm_by_std:
         sq = torch.zeros(n_groups, dtype=torch.double).index_add_(0, codes, centred * centred)
         std = (sq / (count - 1).clamp(min=1)).sqrt()
-        out = centred / (std[codes] + eps)
+        out = centred / (std.clamp(min=min_std)[codes] + eps)
     out = torch.where(count[codes] > 1, out, torch.zeros_like(out))
     return out.to(torch.float32)
 
@@ -299,6 +301,7 @@ def memory_advantage(
     norm_by_std: bool = True,
     group: MemGroupMode = "per_turn",
     eps: float = 1e-6,
+    min_std: float = 0.0,
 ) -> torch.Tensor:
     """A^M: memory rewards normalised like GRPO within each (prompt group, turn index).
 
@@ -310,6 +313,10 @@ def memory_advantage(
         group: "per_turn" normalises within (group, turn index) (default); "per_group"
             within the group over all its turn records.
         eps: added to the std.
+        min_std: the std is at least this. Memory rewards are continuous: when every memory
+            of a set scores about the same (e.g. P(answer) ~ 1e-5 for all, a policy that never
+            finds the answer), dividing by their tiny std would turn noise into unit-size
+            advantages. With a floor, differences far below it give advantages near 0.
     Returns:
         float tensor [M]; 0 for records alone in their normalisation set.
     """
@@ -322,7 +329,7 @@ def memory_advantage(
         keys = list(g)
     else:
         raise ValueError(f"unknown memory advantage grouping '{group}' (per_turn | per_group)")
-    return _group_normalise(r, _codes(keys), norm_by_std, eps)
+    return _group_normalise(r, _codes(keys), norm_by_std, eps, min_std)
 
 
 def combine(

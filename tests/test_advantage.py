@@ -246,3 +246,16 @@ def test_memory_reward_uses_question_and_memory_only(tiny_lm):
     assert r_none.tolist() == pytest.approx([math.log(p) for p in probs], abs=1e-4)
     with pytest.raises(ValueError, match="full_context_prompt"):
         memory_reward(model, tok, turns, eps="full_context")
+
+
+def test_memory_advantage_std_floor_keeps_noise_out_and_signal_in() -> None:
+    from mempo.advantage import memory_advantage
+
+    groups, turns = ["a", "a", "a", "a"], [0, 0, 0, 0]
+    noise = [1e-5, 2e-5, 0.5e-5, 1.5e-5]  # a policy that never finds the answer
+    raw = memory_advantage(noise, groups, turns)
+    floored = memory_advantage(noise, groups, turns, min_std=0.01)
+    assert float(raw.abs().max()) > 0.5            # unit-size advantages out of noise
+    assert float(floored.abs().max()) < 2e-3       # ... which the floor removes
+    signal = [0.1, 0.6, 0.3, 0.9]                  # real differences: std 0.35 > floor, unchanged
+    assert memory_advantage(signal, groups, turns, min_std=0.01).allclose(memory_advantage(signal, groups, turns))

@@ -126,7 +126,7 @@ def build_turn_samples(
         a_m = torch.zeros(m)
     else:
         a_m = memory_advantage(memory_rewards, rec_group, rec_turn, mempo.norm_by_std,
-                               mempo.mem_adv_group, mempo.adv_eps)
+                               mempo.mem_adv_group, mempo.adv_eps, mempo.mem_adv_min_std)
     tokens_per_episode = [sum(len(t.response_ids) for t in ep.turns) for ep in episodes]
     n_eps = len(episodes)
     samples: list[TurnSample] = []

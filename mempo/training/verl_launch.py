@@ -52,8 +52,8 @@ REQUIRED_VERL = REPO_ROOT / "configs" / "verl" / "REQUIRED_VERL.txt"
 _PLAIN = re.compile(r"[A-Za-z0-9_./-]+")
 _LOOKS_TYPED = re.compile(r"[-+]?[0-9][0-9_.eE+-]*|true|false|null|nan|inf", re.IGNORECASE)
 
-_MEMPO_KEYS = ("eps", "form", "norm_by_std", "mem_adv_group", "adv_eps", "multi_rule", "format_rule",
-               "format_penalty")
+_MEMPO_KEYS = ("eps", "form", "norm_by_std", "mem_adv_group", "adv_eps", "mem_adv_min_std", "multi_rule",
+               "format_rule", "format_penalty")
 
 
 @dataclass

@@ -49,6 +49,7 @@ class MempoAdvantageConfig:
         norm_by_std: divide A^T and A^M by the group std.
         mem_adv_group: per_turn | per_group normalisation of A^M.
         adv_eps: added to the std.
+        mem_adv_min_std: floor of the std that divides A^M (see `mempo.advantage.memory_advantage`).
     """
 
     lambda_mem: float = 1.0
@@ -57,6 +58,7 @@ class MempoAdvantageConfig:
     norm_by_std: bool = True
     mem_adv_group: MemGroupMode = "per_turn"
     adv_eps: float = 1e-6
+    mem_adv_min_std: float = 0.01
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any] | None) -> MempoAdvantageConfig:
@@ -143,7 +145,8 @@ def mempo_advantages(
             mem_scores[idx], [episode_of_row[r] for r in real], turn_index[idx], config.eps, full)
         a_m_real = memory_advantage(
             r_m_real, [uids[r] for r in real], turn_index[idx],
-            norm_by_std=config.norm_by_std, group=config.mem_adv_group, eps=config.adv_eps)
+            norm_by_std=config.norm_by_std, group=config.mem_adv_group, eps=config.adv_eps,
+            min_std=config.mem_adv_min_std)
         r_m[idx] = r_m_real
         a_m[idx] = a_m_real
 
