@@ -120,9 +120,17 @@ def test_truncation_path_scores_wrong(tiny_world: Path, tiny_policy: Path, engin
 
     teacher = Engine(engine.generator, engine.tokenizer, engine.retriever, engine.model,
                      turn_policy=ScriptedTeacher(engine.tokenizer))
+    from mempo.agent.format import build_messages, render_prompt
+    from mempo.datasets import load_qa
+    from mempo.evaluation.agents import single_turn_messages
+
     # Room for the first prompt (question only) but not for a prompt with a search result.
+    tok = engine.tokenizer
+    question_only = max(len(tok.encode(render_prompt(tok, msgs), add_special_tokens=False))
+                        for q in load_qa(tiny_world / "qa" / "test.jsonl")
+                        for msgs in (build_messages(q.question), single_turn_messages(q.question, None)))
     p = _params(tiny_world, tiny_policy, tmp_path / "eval", limit=6, agents=["memory", "rag", "direct"],
-                max_turns=8, max_prompt_tokens=300)
+                max_turns=8, max_prompt_tokens=question_only + 16)
     res = run_eval(p.eval, p.benchmarks, engine=teacher, track=False)
     mem = [r for r in res.rows if r["agent"] == "memory"]
     assert all(r["truncated"] == 1.0 and r["em"] == 0.0 and r["error"] == "context window exceeded" for r in mem)
