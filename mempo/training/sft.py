@@ -58,14 +58,15 @@ class TokenizedSample:
 _INFO_RE = re.compile(r"<information>.*?(</information>|$)", re.S)
 
 
-def _prompt_lm_mask(tokenizer: Any, text: str, n_ids: int) -> tuple[bool, ...]:
-    """Per prompt token: True outside `<information>` blocks. Retrieved passages stay out of the
-    prompt LM loss so the policy never learns corpus facts by heart from them."""
+def _encode_prompt(tokenizer: Any, text: str, prompt_lm: bool) -> tuple[list[int], tuple[bool, ...] | None]:
+    """The prompt's token ids and, with `prompt_lm`, per token: True outside `<information>`
+    blocks (from the same call's offsets). Retrieved passages stay out of the prompt LM loss
+    so the policy never learns corpus facts by heart from them."""
+    if not prompt_lm:
+        return tokenizer.encode(text, add_special_tokens=False), None
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     spans = [m.span() for m in _INFO_RE.finditer(text)]
-    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    if len(offsets) != n_ids:  # a tokenizer without offsets support: no prompt loss
-        return tuple([False] * n_ids)
-    return tuple(not any(a <= start < b for a, b in spans) for start, _ in offsets)
+    return list(enc["input_ids"]), tuple(not any(a <= start < b for a, b in spans) for start, _ in enc["offset_mapping"])
 
 
 def _check_messages(messages: Any, path: Path, row: int) -> list[dict[str, str]]:
@@ -118,9 +119,7 @@ def tokenize_samples(
     dropped = 0
     eos = tokenizer.eos_token_id
     for s in samples:
-        text = render_prompt(tokenizer, s.messages)
-        p = tokenizer.encode(text, add_special_tokens=False)
-        lm = _prompt_lm_mask(tokenizer, text, len(p)) if prompt_lm else None
+        p, lm = _encode_prompt(tokenizer, render_prompt(tokenizer, s.messages), prompt_lm)
         r = tokenizer.encode(s.response, add_special_tokens=False) + ([eos] if eos is not None else [])
         if max_tokens is not None and len(p) + len(r) > max_tokens:
             if len(r) >= max_tokens:
