@@ -78,8 +78,8 @@ class _Plan:
     pending: bool = False  # an action for hops[cursor] is out; its observation comes next
 
 
-def _objectives(item: QAItem) -> list[tuple[list[dict[str, str]], str]]:
-    """(chain, first gold answer) per objective."""
+def objective_chains(item: QAItem) -> list[tuple[list[dict[str, str]], str]]:
+    """(hop chain, first gold answer) per objective of a knowledge-world task."""
     meta = item.metadata or {}
     objs = meta.get("objectives")
     if objs:
@@ -119,7 +119,7 @@ class ScriptedTeacher:
     def _plan(self, item: QAItem) -> _Plan:
         hops: list[_Hop] = []
         answers: list[str] = []
-        for i, (chain, answer) in enumerate(_objectives(item)):
+        for i, (chain, answer) in enumerate(objective_chains(item)):
             if not chain:
                 raise ValueError(f"task {item.id}: objective {i} has no metadata.chain (not a knowledge-world task)")
             hops.extend(_Hop(i, h["entity"], h["relation"], str(h["value"])) for h in chain)

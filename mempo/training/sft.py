@@ -243,19 +243,23 @@ def episode_samples(episode: Any, system_prompt: str | None = None) -> list[SFTS
     return out
 
 
-def _chain_words(item: Any) -> list[str]:
-    """Made-up words of the entity names and values along every hop chain of a task."""
+def _name_words(name: str) -> list[str]:
+    """The made-up words of an entity name: capitalised, not ordinary vocabulary ("Textiles")."""
     from mempo.world.names import GENERIC_NAME_WORDS
 
-    meta = item.metadata or {}
-    chains = [(o.get("metadata") or {}).get("chain") or [] for o in meta.get("objectives") or []]
-    chains = chains or [meta.get("chain") or []]
+    return [w for w in re.findall(r"[A-Za-z]+", name) if w[0].isupper() and w not in GENERIC_NAME_WORDS]
+
+
+def _chain_words(item: Any) -> list[str]:
+    """Made-up words of the entity names and values along every hop chain of a task."""
+    from mempo.agent.teacher import objective_chains
+
     words: list[str] = []
-    for chain in chains:
+    for chain, _ in objective_chains(item):
         for hop in chain:
             for name in (str(hop.get("entity", "")), str(hop.get("value", ""))):
-                for w in re.findall(r"[A-Za-z]+", name):
-                    if w[0].isupper() and w not in GENERIC_NAME_WORDS and w not in words:
+                for w in _name_words(name):
+                    if w not in words:
                         words.append(w)
     return words
 
@@ -264,11 +268,8 @@ def name_word_pool(corpus: str | Path) -> list[str]:
     """The made-up words of the corpus's article titles (its entity names), sorted: what
     `rename_entities` draws replacement names from."""
     from mempo.datasets import iter_corpus
-    from mempo.world.names import GENERIC_NAME_WORDS
 
-    words = {w for passage in iter_corpus(corpus) for w in re.findall(r"[A-Za-z]+", passage.title)
-             if w[0].isupper() and w not in GENERIC_NAME_WORDS}
-    return sorted(words)
+    return sorted({w for passage in iter_corpus(corpus) for w in _name_words(passage.title)})
 
 
 def rename_entities(samples: Sequence[SFTSample], item: Any, rng: Any,
@@ -413,11 +414,11 @@ def _run_sft(params: Any) -> dict[str, Any]:
         from mempo.retrieval import open_retriever
 
         with open_retriever(p.retriever) as retriever:
+            pool = name_word_pool(Path(p.world) / "corpus.jsonl") if p.rename_entities > 0 else None
             train_tasks = sft_tasks(p.world, "train", p.part or None, p.max_questions, p.multi_k, p.multi_tasks, p.seed)
             val_tasks = sft_tasks(p.world, "val", None, p.val_questions, [], 0, p.seed)
             train_s, data_stats = teacher_samples(train_tasks, retriever, tok, params.agent, params.mempo.multi_rule,
-                                                  rename=p.rename_entities, seed=p.seed,
-                                                  name_pool=name_word_pool(Path(p.world) / "corpus.jsonl"))
+                                                  rename=p.rename_entities, seed=p.seed, name_pool=pool)
             val_s, _ = teacher_samples(val_tasks, retriever, tok, params.agent, params.mempo.multi_rule)
         write_sft_samples(out / "trajectories" / "train.jsonl", train_s)
         write_sft_samples(out / "trajectories" / "val.jsonl", val_s)
