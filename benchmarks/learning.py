@@ -33,6 +33,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+PARAMS = REPO / "params.yaml"
 VARIANTS = ["untrained", "sft", "grpo", "mempo"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -109,7 +110,7 @@ def run_seed(seed: int, a: argparse.Namespace, world: Path, data: Path, tasks: d
     torch.set_num_threads(a.threads)
     from mempo.config import load_params
     from mempo.io import write_json
-    from mempo.policy import TinyPolicySpec, bootstrap_tiny
+    from mempo.policy.bootstrap import bootstrap_policy
     from mempo.training.grpo import run_grpo
     from mempo.training.sft import run_sft
 
@@ -124,17 +125,20 @@ def run_seed(seed: int, a: argparse.Namespace, world: Path, data: Path, tasks: d
                 res[variant][f"{split}_{key}"] = m[key]
 
     t0 = time.perf_counter()
-    bootstrap_tiny(sd / "policy", corpus, [world / "qa" / "train.jsonl"], spec=TinyPolicySpec(seed=seed))
+    # the repository's params.yaml (what `make run` uses), with this seed and these paths
+    bootstrap_policy(load_params(PARAMS, {"policy.kind": "tiny", "policy.out": str(sd / "policy"),
+                                          "policy.corpus": str(corpus), "policy.seed": seed,
+                                          "policy.questions": [str(world / "qa" / "train.jsonl")]}).policy)
     base = {"sft.world": str(world), "sft.retriever": str(corpus), "train.data": str(data),
             "train.retriever": str(corpus), "sft.seed": seed, "train.seed": seed,
             "sft.device": a.device, "train.device": a.device,
             "sft.threads": a.threads, "train.threads": a.threads}
-    params = load_params(None, {**base})
+    params = load_params(PARAMS, {**base})
     record("untrained", _evaluate(sd / "policy", tasks, corpus, params, a.device, a.untrained_questions))
     out["timings"]["untrained_eval_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    sp = load_params(None, {**base, "sft.policy": str(sd / "policy"), "sft.out": str(sd / "sft"),
+    sp = load_params(PARAMS, {**base, "sft.policy": str(sd / "policy"), "sft.out": str(sd / "sft"),
                             "sft.max_steps": a.sft_steps, "sft.max_questions": 16 * a.sft_steps // 2,
                             "sft.multi_tasks": max(a.sft_steps // 4, 10), "sft.resume": "never"})
     sft_metrics = run_sft(sp, tracking=False)
@@ -145,7 +149,7 @@ def run_seed(seed: int, a: argparse.Namespace, world: Path, data: Path, tasks: d
 
     for variant, lam in (("grpo", 0.0), ("mempo", 1.0)):
         t0 = time.perf_counter()
-        tp = load_params(None, {**base, "train.policy": str(sd / "sft" / "model"),
+        tp = load_params(PARAMS, {**base, "train.policy": str(sd / "sft" / "model"),
                                 "train.out": str(sd / variant), "train.steps": a.rl_steps,
                                 "train.batch_questions": a.batch_questions, "train.n_rollouts": a.n_rollouts,
                                 "train.lambda_mem": lam, "train.resume": "never",

@@ -51,6 +51,9 @@ class PolicyParams(Section):
     num_kv_heads: int = Field(2, ge=1)
     max_positions: int = Field(2048, ge=64)
     max_token_chars: int = Field(0, ge=0)
+    copy_steps: int = Field(800, ge=0)
+    copy_lr: float = Field(1e-3, gt=0)
+    copy_batch: int = Field(32, ge=1)
     seed: int = 0
 
 

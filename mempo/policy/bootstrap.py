@@ -64,6 +64,9 @@ class TinyPolicySpec:
     max_positions: int = 2048
     seed: int = 0
     max_token_chars: int = 0  # longest BPE token in characters (0 = no limit)
+    copy_steps: int = 0       # copy warm-up optimiser steps after init (0 = none); see `copy_warmup`
+    copy_lr: float = 1e-3     # its constant AdamW LR
+    copy_batch: int = 32      # sequences per step
 
 
 # ------------------------------------------------------------------------------ tiny
@@ -152,6 +155,70 @@ def build_tiny_model(tokenizer: Any, spec: TinyPolicySpec) -> Any:
     return model
 
 
+def copy_warmup(model: Any, vocab: int, steps: int, lr: float = 1e-3, batch: int = 32,
+                min_len: int = 8, max_len: int = 32, seed: int = 0, first_id: int = 0,
+                threads: int = 1, progress: bool = True) -> list[float]:
+    """Teach a freshly initialised model to copy: `steps` AdamW steps on random token
+    sequences shown twice, with the loss on the repeat.
+
+    Why: a pretrained LM can repeat a name it has just read (induction heads); a model
+    trained from scratch on SFT data alone does not learn to. Measured on the small world
+    (2 x 128): after 2,000 SFT steps, writing a held-out name that sits in the question
+    still cost 3-9 nats per token, and repeating it right after writing it 5-8 nats; the
+    policy wrote names it had seen in training instead, and held-out EM stayed at 0.
+    Random ids (no text) teach the mechanism and no facts. The sequence length varies so
+    the model must match content, not a fixed offset; with a fixed length it learns "copy
+    from 16 back" instead. On 2 x 128, loss on the repeat stays near log(vocab) for about
+    300 steps at LR 1e-3, then drops below 1 within ~100 more (a phase change); LR 3e-3 did
+    not get there in 800 steps.
+
+    Args:
+        model: a causal LM (trained in place, left in eval mode).
+        vocab: ids are drawn from [first_id, vocab).
+        steps, lr, batch: optimiser steps, constant LR, sequences per step.
+        min_len, max_len: length range of the random sequence (shown twice).
+        seed: the data seed.
+        threads: torch CPU threads while it runs (restored after; 0 = leave as is). One
+            thread avoids OpenMP stalls on these small matrices, as in `sft.threads`.
+    Returns: the loss on the repeated half, per step.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _copy_warmup(model, vocab, steps, lr, batch, min_len, max_len, seed, first_id, progress)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _copy_warmup(model: Any, vocab: int, steps: int, lr: float, batch: int, min_len: int, max_len: int,
+                 seed: int, first_id: int, progress: bool) -> list[float]:
+    import torch
+    from tqdm.auto import tqdm
+
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses: list[float] = []
+    bar = tqdm(range(steps), desc="copy warm-up", unit="step", disable=not progress)
+    for _ in bar:
+        n = int(torch.randint(min_len, max_len + 1, (1,), generator=gen))
+        x = torch.randint(first_id, vocab, (batch, n), generator=gen)
+        ids = torch.cat([x, x], dim=1)
+        logits = model(input_ids=ids).logits[:, n - 1:-1].float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), x.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    model.eval()
+    return losses
+
+
 def bootstrap_tiny(
     out: str | Path,
     corpus: str | Path,
@@ -191,6 +258,16 @@ def bootstrap_tiny(
     )
     model = build_tiny_model(tokenizer, spec)
     n_params = sum(p.numel() for p in model.parameters())
+    copy: dict[str, Any] = {"steps": spec.copy_steps}
+    if spec.copy_steps:
+        # ordinary BPE pieces only: after the ChatML specials, before the turn tags
+        lo = 1 + max(tokenizer.convert_tokens_to_ids(t) for t in (END_OF_TEXT, IM_START, IM_END, PAD))
+        hi = min([tokenizer.convert_tokens_to_ids(t) for t in added_tokens] or [len(tokenizer)])
+        losses = copy_warmup(model, hi, spec.copy_steps, spec.copy_lr, spec.copy_batch, seed=spec.seed, first_id=lo)
+        tail = losses[-10:]
+        copy.update(first_loss=round(losses[0], 4), final_loss=round(sum(tail) / len(tail), 4))
+        log.info("copy warm-up: loss on the repeat %.3f -> %.3f over %d steps",
+                 losses[0], copy["final_loss"], spec.copy_steps)
     manifest = {
         "kind": "tiny",
         "architecture": type(model).__name__,
@@ -200,6 +277,7 @@ def bootstrap_tiny(
         "corpus": str(corpus),
         "question_files": [str(q) for q in qfiles],
         "added_tokens": list(added_tokens),
+        "copy_warmup": copy,
     }
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
@@ -326,6 +404,7 @@ def bootstrap_policy(params: Any) -> dict[str, Any]:
             intermediate_size=params.intermediate_size, num_layers=params.num_layers,
             num_heads=params.num_heads, num_kv_heads=params.num_kv_heads,
             max_positions=params.max_positions, seed=params.seed, max_token_chars=params.max_token_chars,
+            copy_steps=params.copy_steps, copy_lr=params.copy_lr, copy_batch=params.copy_batch,
         )
         return bootstrap_tiny(params.out, params.corpus, params.questions, spec=spec)
     if params.kind == "smollm2":
