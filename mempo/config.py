@@ -372,7 +372,7 @@ class TrainParams(Section):
     batch_questions: int = Field(8, ge=1)
     n_rollouts: int = Field(4, ge=1)
     lambda_mem: float = Field(1.0, ge=0.0)
-    lr: float = Field(5e-4, gt=0.0)
+    lr: float = Field(1e-4, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float = Field(1.0, gt=0.0)
