@@ -268,6 +268,9 @@ def bootstrap_tiny(
         copy.update(first_loss=round(losses[0], 4), final_loss=round(sum(tail) / len(tail), 4))
         log.info("copy warm-up: loss on the repeat %.3f -> %.3f over %d steps",
                  losses[0], copy["final_loss"], spec.copy_steps)
+        if copy["final_loss"] > 1.0:  # the drop (a phase change) has not happened yet
+            log.warning("copy warm-up ended at loss %.2f (> 1.0): the policy may not copy names; "
+                        "raise policy.copy_steps", copy["final_loss"])
     manifest = {
         "kind": "tiny",
         "architecture": type(model).__name__,
