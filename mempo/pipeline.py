@@ -57,6 +57,7 @@ TINY_OVERRIDES: dict[str, Any] = {
     "train.max_new_tokens": 24, "train.checkpoint_every": 1,
     "eval.limit": 2, "eval.benchmarks": ["world"], "eval.agents": ["memory"], "eval.max_turns": 2,
     "eval.max_new_tokens": 24, "eval.memory_probe": False,
+    "promote.floors": {},  # a 2-step SFT policy never answers; the tiny run checks the wiring, not quality
 }
 
 
