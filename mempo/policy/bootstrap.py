@@ -22,7 +22,7 @@ import importlib.util
 import json
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -402,13 +402,8 @@ def resolve_policy_path(folder: str | Path) -> Path:
 def bootstrap_policy(params: Any) -> dict[str, Any]:
     """Run the bootstrap `params.kind` asks for (`params`: `mempo.config.PolicyParams`)."""
     if params.kind == "tiny":
-        spec = TinyPolicySpec(
-            vocab_size=params.vocab_size, hidden_size=params.hidden_size,
-            intermediate_size=params.intermediate_size, num_layers=params.num_layers,
-            num_heads=params.num_heads, num_kv_heads=params.num_kv_heads,
-            max_positions=params.max_positions, seed=params.seed, max_token_chars=params.max_token_chars,
-            copy_steps=params.copy_steps, copy_lr=params.copy_lr, copy_batch=params.copy_batch,
-        )
+        # every TinyPolicySpec field has a `policy.` key of the same name
+        spec = TinyPolicySpec(**{f.name: getattr(params, f.name) for f in fields(TinyPolicySpec)})
         return bootstrap_tiny(params.out, params.corpus, params.questions, spec=spec)
     if params.kind == "smollm2":
         return bootstrap_smollm2(params.out)
