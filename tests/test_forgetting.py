@@ -3,7 +3,7 @@ defaults."""
 
 from __future__ import annotations
 
-from mempo.forgetting import MemoryStep, episode_forgot, forgetting_rate, objective_forgotten
+from mempo.forgetting import SEEN, MemoryStep, episode_forgot, forgetting_rate, objective_forgotten
 
 OBJ = [["Paris", "City of Paris"], ["1900"]]
 
@@ -28,14 +28,15 @@ def test_an_answer_seen_in_an_observation_and_missing_from_a_later_memory_is_for
     assert episode_forgot(OBJ, steps)
 
 
-def test_seen_but_never_memorised_counts_and_aliases_count_as_kept():
+def test_seen_but_never_memorised_counts_only_under_the_seen_rule_and_aliases_count_as_kept():
     # Paris is in the observation of turn 0; the memory of turn 1 never holds it.
     steps = [MemoryStep("nothing", "born in Paris"), MemoryStep("searching 1900", None)]
-    assert objective_forgotten(OBJ, steps) == [True, False]
+    assert objective_forgotten(OBJ, steps) == [False, False]  # never stored, so not forgotten
+    assert objective_forgotten(OBJ, steps, SEEN) == [True, False]
     # an accepted alias keeps the objective; the timing rule: turn 0's memory is written
     # before its observation, so it is not checked
     steps = [MemoryStep("nothing", "born in Paris"), MemoryStep("It is the City of Paris", None)]
-    assert objective_forgotten(OBJ, steps) == [False, False]
+    assert objective_forgotten(OBJ, steps, SEEN) == [False, False]
 
 
 def test_a_turn_without_memory_loses_what_was_kept_and_words_must_match_whole():
@@ -48,9 +49,9 @@ def test_a_turn_without_memory_loses_what_was_kept_and_words_must_match_whole():
 
 def test_the_last_memory_counts_and_an_answer_seen_only_at_the_end_does_not():
     steps = [MemoryStep("Answer 1: Paris.", "1900"), MemoryStep("Answer 2: 1900.", None)]
-    assert objective_forgotten(OBJ, steps) == [True, False]
+    assert objective_forgotten(OBJ, steps, SEEN) == [True, False]
     steps = [MemoryStep("x", None), MemoryStep("y", "Paris 1900")]  # seen after the last memory
-    assert objective_forgotten(OBJ, steps) == [False, False]
+    assert objective_forgotten(OBJ, steps, SEEN) == [False, False]
 
 
 def test_rate_is_over_multi_objective_episodes_only():
@@ -59,6 +60,9 @@ def test_rate_is_over_multi_objective_episodes_only():
     single = ([["Paris"]], [MemoryStep("Paris", None), MemoryStep("gone", None)])
     assert forgetting_rate([(OBJ, kept), (OBJ, lost), single]) == 0.5
     assert forgetting_rate([single]) is None
+    seen_only = [MemoryStep("x", "Paris"), MemoryStep("1900", None)]
+    assert forgetting_rate([(OBJ, kept), (OBJ, seen_only)]) == 0.0
+    assert forgetting_rate([(OBJ, kept), (OBJ, seen_only)], SEEN) == 0.5
 
 
 def test_memory_reward_defaults_are_the_methods():
