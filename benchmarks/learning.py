@@ -38,7 +38,6 @@ import argparse
 import json
 import logging
 import os
-import random
 import statistics
 import sys
 import time
@@ -278,34 +277,6 @@ def _run_job(kind: str, key: str, a: argparse.Namespace, inputs: dict[str, Path]
 # ---------------------------------------------------------------------------- statistics
 
 
-def paired_bootstrap(a_runs: list[dict[str, float | None]], b_runs: list[dict[str, float | None]],
-                     n_boot: int, seed: int = 0) -> dict[str, float] | None:
-    """Mean of (a - b) over seeds and tasks, and a 95% interval from resampling seeds, then
-    tasks within each resampled seed (the same task resample for both variants: paired).
-
-    `a_runs[s]` / `b_runs[s]`: task id -> value for seed s (None: undefined, skipped)."""
-    pairs = []
-    for ra, rb in zip(a_runs, b_runs, strict=True):
-        diffs = [ra[t] - rb[t] for t in ra if t in rb and ra[t] is not None and rb[t] is not None]  # type: ignore[operator]
-        if diffs:
-            pairs.append(diffs)
-    if not pairs:
-        return None
-    rng = random.Random(seed)
-
-    def mean_of(groups: list[list[float]]) -> float:
-        return statistics.fmean(statistics.fmean(g) for g in groups)
-
-    boots = []
-    for _ in range(n_boot):
-        groups = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-        boots.append(mean_of([[g[rng.randrange(len(g))] for _ in g] for g in groups]))
-    boots.sort()
-    lo, hi = boots[int(0.025 * n_boot)], boots[min(n_boot - 1, int(0.975 * n_boot))]
-    return {"mean": mean_of(pairs), "ci95_low": lo, "ci95_high": hi, "seeds": len(pairs),
-            "tasks_per_seed": statistics.fmean(len(g) for g in pairs)}
-
-
 def _stats(values: list[float]) -> dict[str, Any]:
     vals = [v for v in values if v is not None]
     return {"mean": statistics.fmean(vals) if vals else None,
@@ -325,6 +296,8 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
         for bench in BENCHES:
             table[v][bench] = {m: _stats([r["eval"][bench]["aggregate"].get(m) for r in runs]) for m in REPORTED}
             table[v][bench]["n"] = runs[0]["eval"][bench]["aggregate"].get("n")
+    from mempo.evaluation.stats import paired_bootstrap
+
     paired: dict[str, dict[str, Any]] = {}
     for name, (x, y) in {"mempo_minus_grpo": ("mempo", "grpo"), "mempo_minus_full": ("mempo", "full"),
                          "mempo_prev_minus_grpo": ("mempo_prev", "grpo")}.items():
@@ -378,9 +351,9 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
 
 
 def plots(out: dict[str, Any], out_path: Path) -> None:
-    from mempo.training.plots import plot_curves
-
     import matplotlib
+
+    from mempo.training.plots import plot_curves
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
