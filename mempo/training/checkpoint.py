@@ -327,7 +327,8 @@ def input_hash(spec: str | Path, cache: str | Path | None = None, *, probe_servi
 
 
 def run_fingerprint(config: Mapping[str, Any], inputs: Mapping[str, str | Path | None],
-                    cache: str | Path | None = None, *, probe_services: bool = True) -> str:
+                    cache: str | Path | None = None, *, probe_services: bool = True,
+                    ignore: frozenset[str] | set[str] = frozenset()) -> str:
     """The identity of one training run: its config plus the content hashes of its inputs.
 
     Args:
@@ -336,6 +337,7 @@ def run_fingerprint(config: Mapping[str, Any], inputs: Mapping[str, str | Path |
             dropped from `config`: an input counts by what it holds, not where it lives.
         cache: JSON file for the per-file hash cache (see `input_hash`).
         probe_services: ask a retrieval service URL what it serves (see `input_hash`).
+        ignore: more config keys that may change without changing the run (any depth).
     """
     cache_path = Path(cache) if cache is not None else None
     memo = _load_cache(cache_path)
@@ -344,7 +346,7 @@ def run_fingerprint(config: Mapping[str, Any], inputs: Mapping[str, str | Path |
     if cache_path is not None:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         write_json(cache_path, memo, indent=None)
-    config_part = config_fingerprint(dict(config), ignore=set(inputs))
+    config_part = config_fingerprint(dict(config), ignore=set(inputs) | set(ignore))
     return hashlib.sha256(json.dumps({"config": config_part, "inputs": hashes}, sort_keys=True).encode()).hexdigest()
 
 
@@ -375,6 +377,32 @@ def move_aside(root: str | Path, entries: list[Path], reason: str) -> Path:
         os.replace(p, aside / p.name)
     log.warning("%s: moved %d item(s) from %s aside to %s (nothing deleted; remove it when no longer needed)",
                 reason, len(entries), root, aside)
+    return aside
+
+
+RUN_FINGERPRINT_FILE = "mempo_fingerprint.json"
+
+
+def guard_run_dir(root: str | Path, fingerprint: str) -> Path | None:
+    """For a trainer that resumes by itself from whatever is in `root` (verl, `resume_mode:
+    auto`): keep `root` only if its recorded fingerprint is `fingerprint`, else move its
+    contents aside (`move_aside`; also when nothing was recorded). Then record `fingerprint`.
+
+    Returns the folder things were moved to, or None.
+    """
+    root = Path(root)
+    marker = root / RUN_FINGERPRINT_FILE
+    entries = sorted(root.iterdir()) if root.is_dir() else []
+    try:
+        recorded = json.loads(marker.read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    aside = None
+    if recorded != fingerprint and any(p != marker for p in entries):
+        aside = move_aside(root, entries, "checkpoints were written by a run with another config or other inputs"
+                           + ("" if recorded else " (no fingerprint recorded)") + "; starting from scratch")
+    root.mkdir(parents=True, exist_ok=True)
+    write_json(marker, {"fingerprint": fingerprint})
     return aside
 
 
