@@ -237,8 +237,8 @@ class AgentParams(Section):
 class MempoParams(Section):
     """MemPO's rewards and advantages (mempo.rewards, mempo.advantage); lambda_mem is in train."""
 
-    eps: Literal["previous", "full_context", "none"] = "previous"
-    form: Literal["prob", "logprob"] = "prob"
+    eps: Literal["previous", "full_context", "none"] = "full_context"
+    form: Literal["prob", "logprob"] = "logprob"
     norm_by_std: bool = True
     mem_adv_group: Literal["per_turn", "per_group"] = "per_turn"
     adv_eps: float = Field(1e-6, gt=0.0)
