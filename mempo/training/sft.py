@@ -456,10 +456,11 @@ def _run_sft(params: Any) -> dict[str, Any]:
 
     from mempo.tracking import log_file, log_json, log_metrics, log_plot
     from mempo.training.checkpoint import (
+        HASH_CACHE_FILE,
         TrainerState,
-        config_fingerprint,
-        load_checkpoint,
-        resolve_resume,
+        resume_training,
+        retire_checkpoints,
+        run_fingerprint,
         save_checkpoint,
     )
     from mempo.training.plots import plot_curves
@@ -509,12 +510,14 @@ def _run_sft(params: Any) -> dict[str, Any]:
 
     opt, sched = make_optimizer(model, p.lr, p.weight_decay, p.warmup_steps, total_steps)
     ckpt_root = out / "checkpoints"
-    fingerprint = config_fingerprint({"sft": p.model_dump(), "agent": params.agent.model_dump()})
-    state = TrainerState(extra={"fingerprint": fingerprint})
-    resume = resolve_resume(p.resume, ckpt_root, fingerprint)
-    if resume is not None:
-        state = load_checkpoint(resume, model, opt, sched)
-        log.info("resumed from %s (step %d)", resume, state.step)
+    # The run's identity: params plus the contents of what it reads (see grpo.py).
+    sources = ({"trajectories": p.trajectories, "val_trajectories": p.val_trajectories} if p.trajectories
+               else {"world": p.world, "retriever": p.retriever})
+    fingerprint = run_fingerprint({"sft": p.model_dump(), "agent": params.agent.model_dump(),
+                                   "multi_rule": params.mempo.multi_rule},
+                                  {"policy": p.policy, **sources}, ckpt_root / HASH_CACHE_FILE)
+    state = resume_training(p.resume, ckpt_root, fingerprint, model, opt, sched) \
+        or TrainerState(extra={"fingerprint": fingerprint})
 
     pad_id = tok.pad_token_id
     t_start = time.perf_counter()
@@ -574,4 +577,5 @@ def _run_sft(params: Any) -> dict[str, Any]:
     log_json(out / "metrics.json")
     log_plot(out / "plots")
     log_file(out / "model", artifact_path="model")
+    retire_checkpoints(ckpt_root)  # the final model is saved: this run is never resumed again
     return metrics
