@@ -138,12 +138,18 @@ def answer_probability(
     counts: list[torch.Tensor] = []
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    all_p = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    all_a = [tokenizer.encode(a, add_special_tokens=False) for a in answers]
+    for i, a in enumerate(all_a):
+        if not a:
+            raise ValueError(f"answer {i} tokenises to nothing: {answers[i]!r}")
+    # Batches of similar length (less padding: full-history probes range from tens to thousands
+    # of tokens); results go back to the callers' order below.
+    order = sorted(range(len(prompts)), key=lambda i: len(all_p[i]) + len(all_a[i]))
     for start in range(0, len(prompts), batch_size):
-        p_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts[start:start + batch_size]]
-        a_ids = [tokenizer.encode(a, add_special_tokens=False) for a in answers[start:start + batch_size]]
-        for i, a in enumerate(a_ids):
-            if not a:
-                raise ValueError(f"answer {start + i} tokenises to nothing: {answers[start + i]!r}")
+        idx = order[start:start + batch_size]
+        p_ids = [all_p[i] for i in idx]
+        a_ids = [all_a[i] for i in idx]
         seqs = [p + a for p, a in zip(p_ids, a_ids, strict=True)]
         width = max(len(s) for s in seqs)
         b = len(seqs)
@@ -180,7 +186,9 @@ def answer_probability(
             means.append(mean)
             probs.append(mean.exp())
             counts.append(torch.tensor(la))
-    return AnswerProbability(torch.stack(probs), torch.stack(means), torch.stack(counts).long())
+    back = sorted(range(len(order)), key=lambda j: order[j])  # position in `order` of each input
+    return AnswerProbability(torch.stack([probs[j] for j in back]), torch.stack([means[j] for j in back]),
+                             torch.stack([counts[j] for j in back]).long())
 
 
 @dataclass(frozen=True)
