@@ -71,7 +71,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
     ap.add_argument("--variants", nargs="+", default=None, choices=list(RL_VARIANTS),
                     help="RL variants (default: all)")
-    ap.add_argument("--sft-steps", type=int, default=None, help="SFT optimiser steps (each format, batch 16)")
+    ap.add_argument("--sft-steps", type=int, default=None,
+                    help="SFT optimiser steps (each format, batch 16; default: one epoch, as params.yaml)")
     ap.add_argument("--rl-steps", type=int, default=None, help="RL steps of every RL variant")
     ap.add_argument("--batch-questions", type=int, default=None)
     ap.add_argument("--n-rollouts", type=int, default=4)
@@ -88,8 +89,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     q = a.quick
     a.seeds = a.seeds or ([0, 1] if q else [0, 1, 2, 3, 4])
     a.variants = a.variants or list(RL_VARIANTS)
-    a.sft_steps = a.sft_steps or (300 if q else 1500)
-    a.rl_steps = a.rl_steps or (8 if q else 60)
+    a.sft_steps = a.sft_steps if a.sft_steps is not None else (300 if q else 0)
+    a.rl_steps = a.rl_steps or (8 if q else 40)
     a.batch_questions = a.batch_questions or (4 if q else 8)
     a.eval_single = a.eval_single or (60 if q else 500)
     a.eval_k2 = a.eval_k2 or (30 if q else 200)
@@ -235,6 +236,8 @@ def job_rl(variant: str, seed: int, a: argparse.Namespace, inputs: dict[str, Pat
     from mempo.training.grpo import run_grpo
 
     fmt, over = RL_VARIANTS[variant]
+    # Memory scoring only where the method uses it (the lambda_mem = 0 variants skip its cost).
+    over = {**over, "train.log_memory_reward": over["train.lambda_mem"] != 0}
     out = Path(a.workdir) / f"rl-{variant}-seed{seed}"
     t0 = time.perf_counter()
     m = run_grpo(_params({
@@ -412,24 +415,28 @@ def main(argv: list[str] | None = None) -> int:
     inputs = prepare_inputs(a)
     print(f"inputs ready in {time.perf_counter() - t_all:.0f}s: {a.workdir}", flush=True)
     results: dict[str, Any] = {}
-    # Phase 1: the two SFT formats and the untrained policy; phase 2: RL variants x seeds.
-    phases = [[("sft", "sft-memory", "memory"), ("sft", "sft-full", "full"), ("untrained", "untrained")],
-              [("rl", f"rl-{v}-seed{s}", v, s) for s in a.seeds for v in a.variants]]
+    # The two SFT formats and the untrained policy first; each format's RL jobs (variants x
+    # seeds) start as soon as its SFT checkpoint exists, so both cores stay busy.
+    rl_jobs = {fmt: [("rl", f"rl-{v}-seed{s}", v, s) for s in a.seeds for v in a.variants if RL_VARIANTS[v][0] == fmt]
+               for fmt in ("memory", "full")}
+    first = [("sft", "sft-memory", "memory"), ("sft", "sft-full", "full"), ("untrained", "untrained")]
+    total = len(first) + sum(map(len, rl_jobs.values()))
     with ProcessPoolExecutor(max_workers=a.jobs, mp_context=mp.get_context("spawn")) as pool:
-        for phase in phases:
-            futs: dict[Future[tuple[str, Any]], str] = {
-                pool.submit(_run_job, job[0], job[1], a, inputs, *job[2:]): job[1] for job in phase}
-            pending = set(futs)
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in done:
-                    key, res = f.result()
-                    results[key] = res
-                    k4 = res["eval"]["k4"]["aggregate"]
-                    print(f"[{time.perf_counter() - t_all:6.0f}s] {key}: single EM "
-                          f"{res['eval']['single']['aggregate'].get('em', 0):.3f}, k2 obj EM "
-                          f"{res['eval']['k2']['aggregate'].get('objective_em', 0):.3f}, k4 obj EM "
-                          f"{k4.get('objective_em', 0):.3f} ({len(results)}/{sum(map(len, phases))} jobs)", flush=True)
+        def submit(job: tuple[Any, ...]) -> Future[tuple[str, Any]]:
+            return pool.submit(_run_job, job[0], job[1], a, inputs, *job[2:])
+
+        pending = {submit(j) for j in first}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                key, res = f.result()
+                results[key] = res
+                if key.startswith("sft-"):
+                    pending |= {submit(j) for j in rl_jobs[key.removeprefix("sft-")]}
+                agg = {b: res["eval"][b]["aggregate"] for b in BENCHES}
+                print(f"[{time.perf_counter() - t_all:6.0f}s] {key}: single EM {agg['single'].get('em', 0):.3f}, "
+                      f"k2 obj EM {agg['k2'].get('objective_em', 0):.3f}, k4 obj EM "
+                      f"{agg['k4'].get('objective_em', 0):.3f} ({len(results)}/{total} jobs)", flush=True)
     out = summarise(a, results)
     out["total_seconds"] = time.perf_counter() - t_all
     out_path = Path(a.out)
