@@ -239,3 +239,47 @@ def test_cli_submits_through_the_kubeconfig_and_prints_the_result(tmp_path, monk
     assert rc == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["spec"]["entrypoint"] == created["spec"]["entrypoint"]
+
+
+def test_kfp_component_stages_artifacts_runs_the_rayjob_and_hands_the_model_on(tmp_path, monkeypatch):
+    """`train_rayjob_op`'s function called directly, as KFP's executor would, against the
+    stand-in API server (through a kubeconfig): inputs staged on the run volume, the merged
+    model copied into the `trained` artifact; a retry reuses the staged inputs and the job."""
+    from kfp.dsl import Dataset, Metrics, Model
+
+    from components.train import train_rayjob_op
+
+    shared = tmp_path / "volume"
+    (tmp_path / "sft" / "model").mkdir(parents=True)
+    (tmp_path / "sft" / "model" / "config.json").write_text('{"sft": 1}')
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.parquet").write_bytes(b"PAR1")
+    template = base_rayjob(_cluster(shared))
+    trained = Model(uri=str(tmp_path / "artifacts" / "trained"))
+    metrics = Metrics(uri=str(tmp_path / "artifacts" / "metrics"))
+    staged: dict = {}
+
+    def job_side(name: str, status: dict) -> None:
+        stage = shared / "kfp" / name
+        staged["policy"] = (stage / "policy" / "config.json").read_text()
+        staged["data"] = (stage / "data" / "train.parquet").read_bytes()
+        _job_side(stage / "train")(name, status)
+
+    with FakeKubeAPI([INIT, RUNNING, DONE], job_side) as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
+        kwargs = dict(params_file=str(tmp_path / "none.yaml"), overrides={"cluster.poll_s": 0.01, "verl.lr": 2e-6},
+                      rayjob=template, retriever_url="http://r:8013", parent_run_id="p1",
+                      init=Model(uri=str(tmp_path / "sft")), data=Dataset(uri=str(tmp_path / "data")),
+                      trained=trained, metrics=metrics)
+        train_rayjob_op.python_func(**kwargs)
+        created = api.created[0]
+        # a retry of the step: same artifact URI -> same job name -> attached, nothing re-staged
+        api.script = [DONE]
+        train_rayjob_op.python_func(**kwargs)
+        assert len(api.created) == 1
+    assert staged == {"policy": '{"sft": 1}', "data": b"PAR1"}
+    assert (Path(trained.path) / "model" / "config.json").exists()
+    assert metrics.metadata["verl_steps"] == 1.0 and "rayjob_seconds" in metrics.metadata
+    argv = shlex.split(created["spec"]["entrypoint"])
+    assert "verl.lr=2e-06" in argv and not any(a.startswith("cluster.") for a in argv)
+    assert argv[argv.index("--policy") + 1] == str(shared / "kfp" / created["metadata"]["name"] / "policy")

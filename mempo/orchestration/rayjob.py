@@ -36,6 +36,7 @@ import json
 import logging
 import re
 import shlex
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -492,3 +493,36 @@ def train_on_rayjob(cluster: Any, run: TrainRun, *, template: Mapping[str, Any] 
     info = read_progress(progress) or {}
     return {"rayjob": run.name, "submitted": how, "status": state.describe(), "model": str(model),
             "seconds": round(clock() - t0, 1), "verl_step": info.get("step")}
+
+
+def _stage(src: Path, dest: Path) -> None:
+    """Copy `src` (folder) to `dest` once; a retried step reuses what its first attempt staged."""
+    if dest.exists():
+        return
+    from mempo.io import atomic_dir
+
+    with atomic_dir(dest) as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+
+
+def train_staged(cluster: Any, template: Mapping[str, Any], *, key: str, policy: Path, data: Path,
+                 model_out: Path, retriever: str, parent_run_id: str = "", overrides: Sequence[str] = (),
+                 api: Any = None, sleep: Callable[[float], Any] = time.sleep) -> dict[str, Any]:
+    """The Kubeflow side of the RayJob step: artifacts in, RayJob, merged model out.
+
+    Copies the `policy` and `data` folders (the step's input artifacts) to
+    `<shared mount>/kfp/<RayJob name>/` on the run volume (this pod mounts it where the Ray
+    pods do), runs `train_on_rayjob` there, and copies `train/model` to `model_out` (the
+    step's output artifact). `key` names the job (`job_name(key)`): the output artifact's URI,
+    stable across retries of the step.
+    """
+    shared = Path(template["metadata"]["annotations"][ANNOTATIONS["shared_mount"]])
+    name = job_name(key)
+    stage = shared / "kfp" / name
+    _stage(Path(policy), stage / "policy")
+    _stage(Path(data), stage / "data")
+    run = TrainRun(name=name, policy=str(stage / "policy"), data=str(stage / "data"), out=str(stage / "train"),
+                   retriever=retriever, parent_run_id=parent_run_id, overrides=tuple(overrides))
+    result = train_on_rayjob(cluster, run, template=template, api=api, sleep=sleep)
+    shutil.copytree(stage / "train" / "model", model_out, dirs_exist_ok=True)
+    return {**result, "model": str(model_out), "staged": str(stage)}
