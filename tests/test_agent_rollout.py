@@ -19,6 +19,7 @@ from mempo.agent.generation import (
 from mempo.agent.masks import check_mem_mask
 from mempo.agent.rollout import GeneratorPolicy, RolloutConfig, full_context_messages, run_episodes
 from mempo.agent.teacher import NO_FACTS_YET, ScriptedTeacher
+from mempo.forgetting import MemoryStep, episode_forgot
 from mempo.agent.tools import ArticleReader, ToolConfig, ToolEnv, chunk_text
 from mempo.datasets import load_qa
 from mempo.policy.bootstrap import TinyPolicySpec, build_tiny_model, train_tiny_tokenizer
@@ -87,6 +88,14 @@ def test_teacher_multi_objective_tasks(world):
         assert ep.num_turns == hops + 1
         # finished objectives are kept as their answers only
         assert "Answer 1:" in ep.turns[-1].memory and "Answer 3:" in ep.turns[-1].memory
+        # the objective in progress is named in the memory, copied from the task's question
+        objs = task.metadata["objectives"]
+        assert f"Question 1: {objs[0]['question']}" in ep.turns[0].memory
+        assert f"Question 3: {objs[2]['question']}" in ep.turns[-2].memory
+        assert objs[2]["question"] in task.question
+        assert "Question" not in ep.turns[-1].memory  # all done: only the answers
+        # and its memory never drops an answer it has stored
+        assert not episode_forgot(ep.objectives, [MemoryStep(t.memory, t.observation) for t in ep.turns])
 
 
 class _SearchMisses(InProcessRetriever):

@@ -10,6 +10,12 @@ objective's intermediate facts are no longer useful, so they are compressed away
 every hop is found it answers `a1; a2; ...`; a hop it cannot find is answered "unknown",
 so such trajectories score 0 and the SFT stage's correctness filter drops them.
 
+On a k-objective task (k >= 2) the memory also names the objective in progress, copied from
+the task's question ("Answer 1: Paris. Question 2: Who founded X?"): the next prompt shows
+only the question and this memory, so without it the policy would have to count answers to
+know which question comes next; with it, moving on is a copy of the text that follows the
+current question in the task.
+
     teacher = ScriptedTeacher(tokenizer)
     episodes = run_episodes(items, teacher, ToolEnv(retriever, tokenizer), tokenizer)
 
@@ -72,6 +78,7 @@ class _Hop:
 class _Plan:
     hops: list[_Hop]
     answers: list[str]
+    questions: list[str]
     cursor: int = 0
     tried_access: bool = False
     found: list[bool] = field(default_factory=list)
@@ -85,6 +92,12 @@ def objective_chains(item: QAItem) -> list[tuple[list[dict[str, str]], str]]:
     if objs:
         return [((o.get("metadata") or {}).get("chain") or [], o["golden_answers"][0]) for o in objs]
     return [(meta.get("chain") or [], item.golden_answers[0])]
+
+
+def objective_questions(item: QAItem) -> list[str]:
+    """The question of each objective of a task (the task's own question when it has one)."""
+    objs = (item.metadata or {}).get("objectives")
+    return [str(o["question"]).strip() for o in objs] if objs else [item.question.strip()]
 
 
 _CHUNK_RE = re.compile(r"\[chunk (\d+)/(\d+)\]")
@@ -124,11 +137,11 @@ class ScriptedTeacher:
                 raise ValueError(f"task {item.id}: objective {i} has no metadata.chain (not a knowledge-world task)")
             hops.extend(_Hop(i, h["entity"], h["relation"], str(h["value"])) for h in chain)
             answers.append(answer)
-        return _Plan(hops, answers, found=[False] * len(hops))
+        return _Plan(hops, answers, objective_questions(item), found=[False] * len(hops))
 
     def memory_text(self, plan: _Plan) -> str:
         """The memory after the hops before `plan.cursor`: answers of finished objectives,
-        facts of the objective in progress."""
+        (k >= 2) the question of the objective in progress, and its facts found so far."""
         k = len(plan.answers)
         current = plan.hops[plan.cursor].objective if plan.cursor < len(plan.hops) else k
         parts: list[str] = []
@@ -136,6 +149,8 @@ class ScriptedTeacher:
             hops_i = [j for j, h in enumerate(plan.hops) if h.objective == i]
             ans = plan.answers[i] if all(plan.found[j] for j in hops_i) else UNKNOWN_ANSWER
             parts.append(f"Answer {i + 1}: {ans}." if k > 1 else f"Answer: {ans}.")
+        if k > 1 and current < k:
+            parts.append(f"Question {current + 1}: {plan.questions[current]}")
         for j, h in enumerate(plan.hops[:plan.cursor]):
             if h.objective == current and plan.found[j]:
                 parts.append(_fact(h))

@@ -228,13 +228,14 @@ def make_optimizer(model: Any, lr: float, weight_decay: float, warmup_steps: int
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def episode_samples(episode: Any, system_prompt: str | None = None) -> list[SFTSample]:
-    """One `SFTSample` per turn of `episode`: the memory-context messages of that turn (rebuilt
-    by replaying `MemoryContext`, exactly what the policy saw) -> the turn's response text."""
-    from mempo.agent.context import MemoryContext
+def episode_samples(episode: Any, system_prompt: str | None = None, context: str = "memory") -> list[SFTSample]:
+    """One `SFTSample` per turn of `episode`: the messages of that turn in `context` ("memory":
+    MemPO's question + last memory + last result; "full": the whole history, Search-R1 style),
+    rebuilt by replaying the context builder, exactly what the policy sees -> the turn's response."""
+    from mempo.agent.context import make_context
     from mempo.agent.format import SYSTEM_PROMPT, parse_turn
 
-    ctx = MemoryContext(episode.question, system_prompt or SYSTEM_PROMPT)
+    ctx = make_context(context, episode.question, system_prompt or SYSTEM_PROMPT)  # type: ignore[arg-type]
     out: list[SFTSample] = []
     for turn in episode.turns:
         out.append(SFTSample(ctx.messages(), turn.response_text.strip()))
@@ -335,8 +336,9 @@ def teacher_samples(
     rename: float = 0.0, seed: int = 0, name_pool: Sequence[str] | None = None,
 ) -> tuple[list[SFTSample], dict[str, float]]:
     """Run the scripted teacher on `tasks` through the real retriever and keep the turns of
-    the episodes it got right (R^T = 1); a `rename` share of them gets fresh entity names
-    (`rename_entities`, drawn with `seed`). Returns (samples, stats)."""
+    the episodes it got right (R^T = 1), rendered in `agent.context` (memory or full history);
+    a `rename` share of them gets fresh entity names (`rename_entities`, drawn with `seed`).
+    Returns (samples, stats)."""
     from mempo.agent.rollout import RolloutConfig, run_episodes
     from mempo.agent.teacher import ScriptedTeacher
     from mempo.agent.tools import ToolConfig, ToolEnv
@@ -353,7 +355,7 @@ def teacher_samples(
     samples: list[SFTSample] = []
     renamed = 0
     for ep in kept:
-        ep_samples = episode_samples(ep)
+        ep_samples = episode_samples(ep, context=agent.context)
         if rename > 0 and rng.random() < rename:
             ep_samples = rename_entities(ep_samples, by_id[ep.item_id], rng, name_pool)
             renamed += 1
@@ -491,7 +493,8 @@ def _run_sft(params: Any) -> dict[str, Any]:
         "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
         **{f"data_{k}" if not k.startswith("data") else k: v for k, v in data_stats.items()},
     }
-    save_policy(model, tok, out / "model", {"kind": "sft", "base": str(p.policy), "steps": state.step})
+    save_policy(model, tok, out / "model", {"kind": "sft", "base": str(p.policy), "steps": state.step,
+                                            "context": params.agent.context})
     write_json(out / "metrics.json", metrics)
     write_jsonl(out / "history.jsonl", state.history)
     plot_curves(state.history, ["loss", "val_loss"], out / "plots" / "sft_loss.png", title="SFT loss")
