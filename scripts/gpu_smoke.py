@@ -303,7 +303,9 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
     import copy
 
     from mempo.advantage import MemoryTurn, memory_reward
+    from mempo.agent.format import ANSWER_PROBE_PREFIX, render_prompt
     from mempo.agent.generation import HFGenerator
+    from mempo.agent.rollout import full_context_messages
     from mempo.training.grpo import (
         build_turn_samples,
         fill_logprobs,
@@ -340,11 +342,14 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
             rewards = [ep.outcome_reward(mp.multi_rule, mp.format_rule, mp.format_penalty) for ep in episodes]
             turns = [(ep, t) for ep in episodes for t in ep.turns]
             all_turns += turns
-            mturns = [MemoryTurn(ep.episode_id, t.turn_index, ep.question, t.memory, ep.golden_answers[0])
-                      for ep, t in turns]
+            full: list[str | None] = [None] * len(turns)
+            if mp.eps == "full_context":  # the baseline probe sees the full history (as mempo train grpo)
+                full = [render_prompt(tok, full_context_messages(ep, t.turn_index), ANSWER_PROBE_PREFIX)
+                        for ep, t in turns]
+            mturns = [MemoryTurn(ep.episode_id, t.turn_index, ep.question, t.memory, ep.golden_answers[0], fp)
+                      for (ep, t), fp in zip(turns, full, strict=True)]
             with torch.no_grad():
-                eps = "previous" if mp.eps == "full_context" else mp.eps  # no full-history prompts here
-                mem_r = memory_reward(model, tok, mturns, eps, mp.form, mp.probe_batch_size)
+                mem_r = memory_reward(model, tok, mturns, mp.eps, mp.form, mp.probe_batch_size)
             meter.sync()
             t2 = time.perf_counter()
             samples_g, _ = build_turn_samples(episodes, [ep.item_id for ep in episodes], rewards, mem_r,
