@@ -269,6 +269,8 @@ class SFTParams(Section):
     rename_entities: float = Field(1.0, ge=0.0, le=1.0)
     prompt_loss_weight: float = Field(0.0, ge=0.0)
     val_questions: int = Field(100, ge=1)
+    val_multi_k: list[int] = Field(default_factory=list)
+    val_multi_tasks: int = Field(0, ge=0)
     epochs: float = Field(1.0, gt=0.0)
     max_steps: int = Field(0, ge=0)
     batch_size: int = Field(16, ge=1)
@@ -292,7 +294,7 @@ class PipelineParams(Section):
 
     experiment: str = "mempo"
     serve_retriever: bool = True
-    retriever_stages: list[str] = Field(default_factory=lambda: ["sft", "train", "eval"])
+    retriever_stages: list[str] = Field(default_factory=lambda: ["sft", "train", "train_full", "eval"])
     index_stage: str = "index"
     index_dir: str = "outputs/index"
     retriever_host: str = "127.0.0.1"

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from mempo.evaluation.metrics import aggregate, nested, prompt_tokens_by_turn
-from mempo.evaluation.report import decimals, format_value, parse_report_tables, write_plots, write_report
+from mempo.evaluation.report import (
+    decimals,
+    format_value,
+    parse_report_tables,
+    write_plots,
+    write_report,
+)
 
 
 def _row(agent: str, bench: str, k: int = 1, **kw: object) -> dict[str, object]:

@@ -95,7 +95,8 @@ def test_token_f1_hand_worked(pred, golds, f1):
                 min_size=1, max_size=3))
 def test_em_and_substring_em_equal_search_r1s_own_scorer(pred, golds):
     # verl ships Search-R1's scorer (verl.utils.reward_score.search_r1_like_qa_em): ours must agree.
-    from verl.utils.reward_score.search_r1_like_qa_em import em_check, normalize_answer as r1_norm, subem_check
+    from verl.utils.reward_score.search_r1_like_qa_em import em_check, subem_check
+    from verl.utils.reward_score.search_r1_like_qa_em import normalize_answer as r1_norm
 
     assert normalize_answer(pred) == r1_norm(pred)
     assert exact_match(pred, golds) == float(em_check(pred, golds))

@@ -141,7 +141,8 @@ def test_memory_scores_match_actor_answer_probability(episode):
     got = torch.tensor([o.extra_fields["mem_prob"] for o in outs])
     torch.testing.assert_close(got, expected.prob, atol=1e-5, rtol=1e-4)
     assert [o.extra_fields["mem_logprob"] for o in outs] == pytest.approx(expected.mean_logprob.tolist(), abs=1e-4)
-    assert len(episode["server"].probe_calls) == 4
+    # 4 memory probes and, with the default eps=full_context, 4 full-history probes
+    assert len(episode["server"].probe_calls) == 8
 
 
 def test_turn_limit_cuts_the_episode_and_lambda_zero_skips_probes(tiny_policy, tiny_world):  # noqa: F811
@@ -360,7 +361,8 @@ def test_memory_probes_are_bounded_per_worker_not_per_episode(tiny_policy, tiny_
     turns = [f"<mem> a </mem> <think> t </think> <search> {subject} </search>",
              f"<mem> {answer} </mem> <think> t </think> <answer> {answer} </answer>"]
     server = FlakyServer(tok, turns * 4, model=model)
-    loops = [_make_loop(tiny_policy, tiny_world, server, probe_concurrency=2) for _ in range(4)]
+    # eps=previous: one probe per turn (full_context would add a full-history probe to each)
+    loops = [_make_loop(tiny_policy, tiny_world, server, probe_concurrency=2, eps="previous") for _ in range(4)]
     kwargs = {"raw_prompt": build_messages(qa["question"]), "extra_info": {"question": qa["question"]},
               "reward_model": {"ground_truth": qa["golden_answers"], "style": "rule"}}
 

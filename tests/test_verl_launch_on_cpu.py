@@ -81,7 +81,7 @@ def test_verl_entry_point_composes_the_planned_command(launched):
     assert cfg["trainer"]["nnodes"] == 2 and cfg["trainer"]["n_gpus_per_node"] == 4
     assert cfg["trainer"]["default_local_dir"] == str(plan.checkpoint_dir)
     assert cfg["trainer"]["v1"]["trainer_mode"] == "mempo_sync" and cfg["trainer"]["resume_mode"] == "auto"
-    assert cfg["mempo"]["lambda_mem"] == 0.25 and cfg["mempo"]["eps"] == "previous"
+    assert cfg["mempo"]["lambda_mem"] == 0.25 and cfg["mempo"]["eps"] == params.mempo.eps
     assert cfg["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 2  # extra override
     env_vars = cfg["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
     assert "MLFLOW_TRACKING_URI" not in env_vars  # inherited, never printed (verl prints this config)

@@ -10,11 +10,14 @@ objective's intermediate facts are no longer useful, so they are compressed away
 every hop is found it answers `a1; a2; ...`; a hop it cannot find is answered "unknown",
 so such trajectories score 0 and the SFT stage's correctness filter drops them.
 
-On a k-objective task (k >= 2) the memory also names the objective in progress, copied from
-the task's question ("Answer 1: Paris. Question 2: Who founded X?"): the next prompt shows
-only the question and this memory, so without it the policy would have to count answers to
-know which question comes next; with it, moving on is a copy of the text that follows the
-current question in the task.
+On a k-objective task (k >= 2) the memory is laid out so that nothing has to be counted:
+the finished objectives' answers as the final answer will list them, and the question in
+progress copied from the task ("Answers: Paris; 1900. Now: Who founded X? X was founded by
+Y."). The next prompt shows only the question and this memory; moving on to the next
+objective is a copy of the text that follows the current question in the task, and the
+final answer is a copy of the list. (A numbered layout, "Answer 1: ... Question 2: ...",
+made a 2-layer policy skip or repeat objectives: k=2 all-correct 0.02 on 64 val tasks after
+1,618 SFT steps.)
 
     teacher = ScriptedTeacher(tokenizer)
     episodes = run_episodes(items, teacher, ToolEnv(retriever, tokenizer), tokenizer)
@@ -145,23 +148,26 @@ class ScriptedTeacher:
         k = len(plan.answers)
         current = plan.hops[plan.cursor].objective if plan.cursor < len(plan.hops) else k
         parts: list[str] = []
-        for i in range(min(current, k)):
-            hops_i = [j for j, h in enumerate(plan.hops) if h.objective == i]
-            ans = plan.answers[i] if all(plan.found[j] for j in hops_i) else UNKNOWN_ANSWER
-            parts.append(f"Answer {i + 1}: {ans}." if k > 1 else f"Answer: {ans}.")
+        done = [self._objective_answer(plan, i) for i in range(min(current, k))]
+        if k == 1 and done:
+            parts.append(f"Answer: {done[0]}.")
+        elif done:
+            parts.append(f"Answers: {f'{ANSWER_SEP} '.join(done)}.")
         if k > 1 and current < k:
-            parts.append(f"Question {current + 1}: {plan.questions[current]}")
+            parts.append(f"Now: {plan.questions[current]}")
         for j, h in enumerate(plan.hops[:plan.cursor]):
             if h.objective == current and plan.found[j]:
                 parts.append(_fact(h))
         return " ".join(parts) or NO_FACTS_YET
 
+    @staticmethod
+    def _objective_answer(plan: _Plan, i: int) -> str:
+        """Objective i's answer, or "unknown" when one of its hops was not found."""
+        hops_i = [j for j, h in enumerate(plan.hops) if h.objective == i]
+        return plan.answers[i] if all(plan.found[j] for j in hops_i) else UNKNOWN_ANSWER
+
     def _final_answer(self, plan: _Plan) -> str:
-        out = []
-        for i, ans in enumerate(plan.answers):
-            hops_i = [j for j, h in enumerate(plan.hops) if h.objective == i]
-            out.append(ans if all(plan.found[j] for j in hops_i) else UNKNOWN_ANSWER)
-        return f"{ANSWER_SEP} ".join(out)
+        return f"{ANSWER_SEP} ".join(self._objective_answer(plan, i) for i in range(len(plan.answers)))
 
     def next_turn_text(self, request: TurnRequest) -> str:
         """The teacher's response text for this turn (updates its per-episode plan)."""

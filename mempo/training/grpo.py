@@ -351,10 +351,11 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     from mempo.retrieval import open_retriever
     from mempo.tracking import log_file, log_json, log_metrics, log_plot
     from mempo.training.checkpoint import (
+        HASH_CACHE_FILE,
         TrainerState,
-        config_fingerprint,
-        load_checkpoint,
-        resolve_resume,
+        resume_training,
+        retire_checkpoints,
+        run_fingerprint,
         save_checkpoint,
     )
     from mempo.training.plots import plot_curves
@@ -380,13 +381,13 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     opt = torch.optim.AdamW(model.parameters(), lr=tp.lr, weight_decay=tp.weight_decay, betas=(0.9, 0.999))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(tp.warmup_steps, 1)))
     ckpt_root = out / "checkpoints"
-    fingerprint = config_fingerprint({"train": tp.model_dump(), "agent": agent.model_dump(),
-                                      "mempo": mp.model_dump()})
-    state = TrainerState(extra={"fingerprint": fingerprint})
-    resume = resolve_resume(tp.resume, ckpt_root, fingerprint)
-    if resume is not None:
-        state = load_checkpoint(resume, model, opt, sched)
-        log.info("resumed from %s at step %d", resume, state.step)
+    # The run's identity: params plus the contents of what it reads (a changed start policy,
+    # data or index is a different run, whose old checkpoints must not be continued).
+    fingerprint = run_fingerprint({"train": tp.model_dump(), "agent": agent.model_dump(), "mempo": mp.model_dump()},
+                                  {"policy": tp.policy, "data": tp.data, "retriever": tp.retriever},
+                                  ckpt_root / HASH_CACHE_FILE)
+    state = resume_training(tp.resume, ckpt_root, fingerprint, model, opt, sched) \
+        or TrainerState(extra={"fingerprint": fingerprint})
     pad_id = tok.pad_token_id
     temperature = agent.temperature if agent.temperature > 0 else 1.0
     t_run = time.perf_counter()
@@ -510,4 +511,5 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     log_json(out / "metrics.json")
     log_plot(plots)
     log_file(out / "model", artifact_path="model")
+    retire_checkpoints(ckpt_root)  # the final model is saved: this run is never resumed again
     return metrics
