@@ -13,9 +13,9 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_ENABLE_ASYNC_LOGGING := false
-LINT_PATHS = $(wildcard mempo tests benchmarks components pipelines dags)
+LINT_PATHS = $(wildcard mempo tests benchmarks components pipelines dags scripts)
 
-.PHONY: help setup run test test-fast bench bench-quick lint format compile clean lock train-verl
+.PHONY: help setup run test test-fast bench bench-quick lint format compile clean lock train-verl gpu-smoke
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-12s\033[0m %s\n",$$1,$$2}'
@@ -44,6 +44,9 @@ bench-quick: setup ## run the benchmarks with --quick
 
 train-verl: setup ## MemPO on verl 0.9.1 + Ray + GPUs (needs GPUs; see README "Multi-node"); VERL_ARGS="--ray-address auto ..."
 	$(BIN)/mempo train verl $(VERL_ARGS)
+
+gpu-smoke: ## on a lent GPU machine (no .venv, no registry): SFT/GRPO/probe/encoder on CUDA -> benchmarks/results/gpu_smoke.json
+	PYTHONPATH=$(CURDIR) $(PY) scripts/gpu_smoke.py --device cuda $(SMOKE_ARGS)
 
 lint: setup ## ruff check
 	$(BIN)/ruff check $(LINT_PATHS)

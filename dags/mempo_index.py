@@ -1,9 +1,13 @@
 """Retrieval index rebuild: validate the corpus -> build the index -> publish it to the service.
 
 Config only (see dags/mempo_dag_common.py). The new index is built into
-`<index_root>/<run_id>/`; `publish` repoints `<index_root>/current` (an atomic symlink swap)
-and, in kubernetes mode, restarts the shared `mempo-retriever` Deployment, whose pods load
-`current` and only become Ready once `/health` answers (a rolling update: no downtime).
+`<index_root>/<run>/`; `publish` (`mempo index publish`, no shell) repoints
+`<index_root>/current` at it with a relative symlink swapped in atomically. In kubernetes
+mode the index root is the `mempo-indexes` volume, which the build and publish pods and the
+retriever Deployment (containers/retriever/k8s/deployment.yaml) all mount at
+`/mnt/mempo-indexes`; `roll_retriever` then restarts the Deployment, whose pods load
+`current` and only become Ready once `/health` answers (a rolling update: no downtime), and
+`retriever_ready` waits for the rollout.
 
     airflow dags test mempo_index -c '{"corpus": "outputs/world/corpus.jsonl", "index_root": "/tmp/idx"}'
 """
@@ -18,9 +22,25 @@ from airflow.sdk import DAG, Param
 
 # The scheduler puts the dags folder on sys.path; a bare DagBag or a dag bundle may not.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mempo_dag_common import DEFAULT_ARGS, MODE, RUN_MOUNT, mempo_task  # noqa: E402
+from mempo_dag_common import (  # noqa: E402
+    DEFAULT_ARGS,
+    INDEX_MOUNT,
+    INDEX_VOLUME,
+    MODE,
+    NAMESPACE,
+    PATH_PATTERN,
+    RUN_MOUNT,
+    RUN_NAME,
+    RUN_VOLUME,
+    kubectl_task,
+    mempo_task,
+    ref,
+)
 
-RUN = '{{ run_id | replace(":", "-") | replace("+", "_") }}'
+KUBERNETES = MODE == "kubernetes"
+# In kubernetes mode the index root is the shared index volume itself: a build anywhere
+# else would be invisible to the retriever.
+INDEX_ROOT_PATTERN = f"^{INDEX_MOUNT}$" if KUBERNETES else PATH_PATTERN
 
 with DAG(
     dag_id="mempo_index",
@@ -34,55 +54,54 @@ with DAG(
     tags=["mempo", "retrieval", "mlops"],
     doc_md=__doc__,
     params={
-        "corpus": Param(f"{RUN_MOUNT}/data/corpus.jsonl", type="string", description="wiki-18 format jsonl(.gz)"),
-        "index_root": Param(f"{RUN_MOUNT}/indexes", type="string", description="one folder per build + `current`"),
-        "project_dir": Param(os.environ.get("MEMPO_PROJECT_DIR", "/app"), type="string",
+        "corpus": Param(f"{RUN_MOUNT}/data/corpus.jsonl", type="string", pattern=PATH_PATTERN,
+                        description="wiki-18 format jsonl(.gz)"),
+        "index_root": Param(INDEX_MOUNT, type="string", pattern=INDEX_ROOT_PATTERN,
+                            description="one folder per build + `current` (kubernetes: the index volume)"),
+        "project_dir": Param(os.environ.get("MEMPO_PROJECT_DIR", "/app"), type="string", pattern=PATH_PATTERN,
                              description="local mode: the checkout the CLI runs in (params.yaml)"),
-        "params_file": Param("params.yaml", type="string", description="the params file, relative to project_dir"),
+        "params_file": Param("params.yaml", type="string", pattern=PATH_PATTERN,
+                             description="the params file, relative to project_dir"),
     },
 ) as dag:
-    common = ["--params", "{{ params.params_file }}"]
-    out = "{{ params.index_root }}/" + RUN
+    env = {
+        "MEMPO_PARAMS_FILE": "{{ params.params_file }}",
+        "MEMPO_CORPUS": "{{ params.corpus }}",
+        "MEMPO_INDEX_ROOT": "{{ params.index_root }}",
+        "MEMPO_BUILD": RUN_NAME,
+    }
+    common = ["--params", ref("MEMPO_PARAMS_FILE")]
+    out = ref("MEMPO_INDEX_ROOT") + "/" + ref("MEMPO_BUILD")
+    volumes = (RUN_VOLUME, INDEX_VOLUME)
 
     validate_corpus = mempo_task(
         "validate_corpus",
-        [*common, "validate", "--suite", "corpus", "--data", "{{ params.corpus }}",
-         "--report", out + "-validation"],
-        cpu="4", memory="16Gi", doc="the corpus contract; a failure stops the rebuild",
+        [*common, "validate", "--suite", "corpus", "--data", ref("MEMPO_CORPUS"), "--report", out + "-validation"],
+        env=env, mounts=volumes, cpu="4", memory="16Gi", doc="the corpus contract; a failure stops the rebuild",
     )
     build = mempo_task(
         "build_index",
-        [*common, "index", "build", "--corpus", "{{ params.corpus }}", "--out", out],
-        image_name="index", gpus=1, cpu="16", memory="128Gi", timeout=timedelta(hours=12),
+        [*common, "index", "build", "--corpus", ref("MEMPO_CORPUS"), "--out", out],
+        env=env, mounts=volumes, image_name="index", gpus=1, cpu="16", memory="128Gi", timeout=timedelta(hours=12),
         doc="embeddings + FAISS (or BM25) with a manifest; resumes an interrupted build",
     )
-    if MODE == "local":
-        from airflow.providers.standard.operators.bash import BashOperator
-
-        publish = BashOperator(
-            task_id="publish",
-            bash_command=f'ln -sfn "{out}" "{{{{ params.index_root }}}}/.current.tmp" && '
-                         'mv -T "{{ params.index_root }}/.current.tmp" "{{ params.index_root }}/current"',
-            doc_md="repoint `current` at the new index (rename is atomic)",
-        )
-    else:
-        from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-
-        publish = KubernetesPodOperator(
-            task_id="publish",
-            name="mempo-index-publish",
-            namespace=os.environ.get("MEMPO_K8S_NAMESPACE", "mempo"),
-            image="bitnami/kubectl:1.31.4",
-            cmds=["/bin/sh", "-c"],
-            arguments=[
-                f'ln -sfn "{out}" "{{{{ params.index_root }}}}/.current.tmp" && '
-                'mv -T "{{ params.index_root }}/.current.tmp" "{{ params.index_root }}/current" && '
-                "kubectl rollout restart deployment/mempo-retriever && "
-                "kubectl rollout status deployment/mempo-retriever --timeout=30m"
-            ],
-            service_account_name="mempo-index-publisher",
-            on_finish_action="delete_succeeded_pod",
-            doc_md="repoint `current`, roll the retrieval Deployment, wait until it is Ready",
-        )
-
+    publish = mempo_task(
+        "publish",
+        ["index", "publish", "--root", ref("MEMPO_INDEX_ROOT"), "--build", ref("MEMPO_BUILD")],
+        env=env, mounts=(INDEX_VOLUME,), timeout=timedelta(minutes=10),
+        doc="repoint `current` at the new index (a relative symlink, renamed into place)",
+    )
     validate_corpus >> build >> publish
+    if KUBERNETES:
+        roll = kubectl_task(
+            "roll_retriever", ["rollout", "restart", "deployment/mempo-retriever", "-n", NAMESPACE],
+            service_account="mempo-index-publisher", timeout=timedelta(minutes=10),
+            doc="restart the retrieval Deployment so its pods load the new `current`",
+        )
+        ready = kubectl_task(
+            "retriever_ready",
+            ["rollout", "status", "deployment/mempo-retriever", "-n", NAMESPACE, "--timeout=30m"],
+            service_account="mempo-index-publisher", timeout=timedelta(minutes=35),
+            doc="wait until every retriever pod serves the new index (readiness on /health)",
+        )
+        publish >> roll >> ready

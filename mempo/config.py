@@ -424,6 +424,48 @@ class VerlParams(Section):
     experiment_name: str = "mempo-verl"
     merge: bool = True
     overrides: list[str] = Field(default_factory=list)
+    # PPO mini-batches: verl counts rows, and every TURN is a row here (one output per turn).
+    ppo_mini_batch_prompts: int = Field(64, ge=1)
+    turns_per_episode: float = Field(4.0, ge=1.0)
+    # rollout health: abort the run when the retriever or the agent loop fails too often
+    max_tool_failure_rate: float = Field(0.2, ge=0.0, le=1.0)
+    max_failed_session_rate: float = Field(0.1, ge=0.0, le=1.0)
+    min_health_samples: int = Field(32, ge=1)
+    # memory probe on the rollout server: SGLang's chunked logits and a per-worker bound
+    logprob_chunk_size: int = Field(2048, ge=0)
+    probe_concurrency: int = Field(16, ge=1)
+    # multi-node: a folder every node mounts (checkpoints, merged model); "" = refuse nnodes > 1
+    shared_dir: str = ""
+    preflight_timeout_s: float = Field(10.0, gt=0.0)
+
+
+class ClusterParams(Section):
+    """`mempo train rayjob`: the cluster train step, a KubeRay RayJob running `mempo train verl`."""
+
+    namespace: str = "mempo"
+    image: str = "ghcr.io/mempo/mempo-train:0.1.0"
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    ray_version: str = "2.60.0"
+    image_workdir: str = "/app"
+    nnodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(8, ge=1)
+    cpus_per_node: str = "64"
+    memory_per_node: str = "512Gi"
+    shm_size: str = "64Gi"
+    head_cpus: str = "8"
+    head_memory: str = "32Gi"
+    gpu_resource: str = "nvidia.com/gpu"
+    node_selector: dict[str, str] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
+    service_account: str = ""
+    shared_claim: str = "mempo-runs"
+    shared_mount: str = "/mnt/mempo"
+    mlflow_secret: str = "mempo-mlflow"
+    mlflow_secret_key: str = "MLFLOW_TRACKING_URI"
+    queue: str = ""
+    active_deadline_s: int = Field(172800, ge=60)
+    ttl_after_finished_s: int = Field(3600, ge=0)
+    backoff_limit: int = Field(1, ge=0)
+    poll_s: float = Field(30.0, gt=0.0)
 
 
 class Params(Section):
@@ -448,6 +490,7 @@ class Params(Section):
     promote: PromoteParams = Field(default_factory=PromoteParams)
     pipeline: PipelineParams = Field(default_factory=PipelineParams)
     verl: VerlParams = Field(default_factory=VerlParams)
+    cluster: ClusterParams = Field(default_factory=ClusterParams)
 
 
 def _loc(err: dict[str, Any]) -> str:

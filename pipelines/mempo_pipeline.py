@@ -4,10 +4,16 @@
 
 Two pipelines from one definition:
 
-- `mempo-pipeline` (pipelines/mempo_pipeline.yaml): the cluster run: GPU accelerator and
-  limits on the train step (and the index/eval steps), CPU/memory on the others;
-- `mempo-pipeline-cpu` (pipelines/mempo_pipeline_cpu.yaml): the same steps sized for CPU;
-  the tests run it under `kfp.local.SubprocessRunner` on the tiny world.
+- `mempo-pipeline` (pipelines/mempo_pipeline.yaml): the cluster run. Its train step is
+  `train_rayjob_op`: a one-CPU pod that submits a KubeRay RayJob running `mempo train verl`
+  on the GPU nodes and hands the merged model on. The RayJob template is rendered here, at
+  compile time, from params.yaml `cluster:` (`make compile` after changing it) and is a
+  constant input of the step, readable in the compiled YAML; the step's pod mounts the run
+  volume (`cluster.shared_claim` at `cluster.shared_mount`) where the Ray pods mount it.
+  GPU accelerators and limits on SFT, index and eval; CPU/memory on the others;
+- `mempo-pipeline-cpu` (pipelines/mempo_pipeline_cpu.yaml): the same steps sized for CPU,
+  with the local trainer (`train_op`); the tests run it under `kfp.local.SubprocessRunner`
+  on the tiny world.
 
 The retrieval service is the shared `mempo-retriever` Service (containers/retriever/k8s);
 `retriever_url=""` makes train and eval load the index artifact in process instead.
@@ -18,7 +24,7 @@ MLflow parent-run steps; every other step is cached on its inputs.
 import sys
 from pathlib import Path
 
-from kfp import compiler, dsl
+from kfp import compiler, dsl, kubernetes
 
 from components.data import data_op
 from components.eval import eval_op
@@ -28,12 +34,15 @@ from components.policy import policy_op
 from components.promote import promote_op
 from components.register import register_op
 from components.sft import sft_op
-from components.train import train_op
+from components.train import train_op, train_rayjob_op
 from components.validate import validate_op
 from components.world import world_op
+from mempo.config import load_params
+from mempo.orchestration.rayjob import base_rayjob
 
 HERE = Path(__file__).resolve().parent
 SHARED_RETRIEVER = "http://mempo-retriever.mempo.svc.cluster.local:8013"
+CLUSTER = load_params(HERE.parent / "params.yaml").cluster
 
 
 def build_pipeline(gpu: bool):
@@ -79,9 +88,16 @@ def build_pipeline(gpu: bool):
         sft = sft_op(**common, retriever_url=retriever_url, mlflow_uri=mlflow_uri, parent_run_id=run_id,
                      policy=policy.outputs["policy"], world=world.outputs["world"], index=index.outputs["index"])
         size(sft.set_display_name("SFT cold start").set_retry(2), "16", "256Gi", gpus=8)
-        train = train_op(**common, retriever_url=retriever_url, mlflow_uri=mlflow_uri, parent_run_id=run_id,
-                         init=sft.outputs["sft"], data=data.outputs["data"], index=index.outputs["index"])
-        size(train.after(data_ok).set_display_name("GRPO + memory advantage").set_retry(2), "64", "512Gi", gpus=8)
+        if gpu:
+            train = train_rayjob_op(**common, rayjob=base_rayjob(CLUSTER), retriever_url=retriever_url,
+                                    parent_run_id=run_id, init=sft.outputs["sft"], data=data.outputs["data"])
+            train.set_display_name("GRPO + memory advantage (verl RayJob)").set_retry(2)
+            size(train.after(data_ok), "1", "2Gi")
+            kubernetes.mount_pvc(train, pvc_name=CLUSTER.shared_claim, mount_path=CLUSTER.shared_mount)
+        else:
+            train = train_op(**common, retriever_url=retriever_url, mlflow_uri=mlflow_uri, parent_run_id=run_id,
+                             init=sft.outputs["sft"], data=data.outputs["data"], index=index.outputs["index"])
+            train.after(data_ok).set_display_name("GRPO + memory advantage").set_retry(2)
         evaluation = eval_op(**common, retriever_url=retriever_url, mlflow_uri=mlflow_uri, parent_run_id=run_id,
                              trained=train.outputs["trained"], world=world.outputs["world"],
                              index=index.outputs["index"])

@@ -1,5 +1,6 @@
-"""The Kubeflow pipeline: it compiles, the committed YAML is fresh, the cluster pipeline asks for
-GPUs on the train step, and the CPU-sized pipeline runs end to end under kfp.local."""
+"""The Kubeflow pipeline: it compiles, the committed YAML is fresh, the cluster pipeline's train
+step carries the KubeRay RayJob it submits (and asks no GPU for itself), and the CPU-sized
+pipeline runs end to end under kfp.local with the local trainer."""
 
 from __future__ import annotations
 
@@ -30,8 +31,12 @@ def test_committed_yaml_is_fresh(tmp_path: Path) -> None:
         assert (tmp_path / name).read_text() == committed, f"pipelines/{name} is stale: run `make compile`"
 
 
+def _docs(name: str) -> list[dict]:
+    return list(yaml.safe_load_all((REPO / "pipelines" / name).read_text()))
+
+
 def _spec(name: str) -> dict:
-    return yaml.safe_load((REPO / "pipelines" / name).read_text())
+    return _docs(name)[0]
 
 
 def test_cluster_pipeline_resources_caching_and_images() -> None:
@@ -42,15 +47,16 @@ def test_cluster_pipeline_resources_caching_and_images() -> None:
     def container(task: str) -> dict:
         return executors[spec["components"][tasks[task]["componentRef"]["name"]]["executorLabel"]]["container"]
 
-    train = container("train-op")
-    assert train["resources"]["accelerator"]["resourceCount"] == "8"
-    assert train["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
+    assert "train-op" not in tasks  # the local trainer runs in the CPU pipeline only
+    train = container("train-rayjob-op")
+    assert "accelerator" not in train.get("resources", {})  # the GPUs are the RayJob's
+    assert container("sft-op")["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
     assert "accelerator" not in container("register-op").get("resources", {})
-    assert train["image"].endswith("/mempo-eval:0.1.0")  # the local trainer's image (components/images.py)
+    assert train["image"].endswith("/mempo-base:0.1.0")
     assert container("eval-op")["image"].endswith("/mempo-eval:0.1.0")
     for name in ("register-op", "promote-op", "open-parent-run-op", "close-parent-run-op"):
         assert tasks[name]["cachingOptions"].get("enableCache", False) is False, name
-    assert tasks["train-op"]["cachingOptions"]["enableCache"] is True
+    assert tasks["train-rayjob-op"]["cachingOptions"]["enableCache"] is True
     assert all(t.get("taskInfo", {}).get("name") for t in tasks.values())
     for label, ex in executors.items():
         image = ex["container"]["image"]
@@ -59,13 +65,42 @@ def test_cluster_pipeline_resources_caching_and_images() -> None:
         # install_kfp_package=False: the command must not pip-install kfp at start-up.
         assert "pip install" not in " ".join(ex["container"]["command"])
     retries = {n: t.get("retryPolicy", {}).get("maxRetryCount") for n, t in tasks.items()}
-    assert retries["train-op"] == 2 and retries["promote-op"] == 3
+    assert retries["train-rayjob-op"] == 2 and retries["promote-op"] == 3
 
 
-def test_cpu_pipeline_requests_no_gpu() -> None:
+def test_cluster_train_step_carries_the_rayjob_and_mounts_the_run_volume() -> None:
+    from mempo.config import load_params
+    from mempo.orchestration.rayjob import TrainRun, validate_rayjob, with_run
+
+    spec, platform = _docs("mempo_pipeline.yaml")
+    task = spec["root"]["dag"]["tasks"]["train-rayjob-op"]
+    rayjob = task["inputs"]["parameters"]["rayjob"]["runtimeValue"]["constant"]
+    cluster = load_params(REPO / "params.yaml").cluster
+    assert rayjob["apiVersion"] == "ray.io/v1" and rayjob["kind"] == "RayJob"
+    assert rayjob["spec"]["activeDeadlineSeconds"] == cluster.active_deadline_s
+    assert rayjob["spec"]["shutdownAfterJobFinishes"] is True
+    workers = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert workers["replicas"] == cluster.nnodes
+    assert workers["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == str(
+        cluster.gpus_per_node)
+    assert workers["template"]["spec"]["containers"][0]["image"] == cluster.image
+    # what the step submits at run time: the template plus the run's fields, still a valid RayJob
+    m = cluster.shared_mount
+    validate_rayjob(with_run(rayjob, TrainRun("mempo-train-abc", f"{m}/p", f"{m}/d", f"{m}/o", "http://r:8013")))
+    executor = spec["deploymentSpec"]["executors"][
+        spec["components"][task["componentRef"]["name"]]["executorLabel"]]
+    label = next(k for k, v in spec["deploymentSpec"]["executors"].items() if v is executor)
+    mounts = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][label]["pvcMount"]
+    assert [(p["mountPath"], p["pvcNameParameter"]["runtimeValue"]["constant"]) for p in mounts] == [
+        (cluster.shared_mount, cluster.shared_claim)]
+
+
+def test_cpu_pipeline_requests_no_gpu_and_trains_locally() -> None:
     spec = _spec("mempo_pipeline_cpu.yaml")
     for ex in spec["deploymentSpec"]["executors"].values():
         assert "accelerator" not in ex["container"].get("resources", {})
+    tasks = spec["root"]["dag"]["tasks"]
+    assert "train-op" in tasks and "train-rayjob-op" not in tasks
 
 
 @pytest.mark.slow

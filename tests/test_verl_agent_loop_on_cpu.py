@@ -21,7 +21,8 @@ def _first_question(world: Path) -> dict:
         return json.loads(f.readline())
 
 
-def _make_loop(tiny_policy: Path, world: Path, server: ScriptedServer, max_turns: int = 4, **mempo):  # noqa: F811
+def _make_loop(tiny_policy: Path, world: Path, server: ScriptedServer, max_turns: int = 4,  # noqa: F811
+               extra_overrides: tuple[str, ...] = (), **mempo):
     """Build the agent loop the way verl's AgentLoopWorker does (hydra.instantiate on the registry)."""
     import hydra
     from verl.experimental.agent_loop.agent_loop import (
@@ -37,7 +38,7 @@ def _make_loop(tiny_policy: Path, world: Path, server: ScriptedServer, max_turns
                  f"mempo.max_turns={max_turns}", "mempo.max_new_tokens=64",
                  "data.max_prompt_length=1024", "data.max_response_length=96"]
     overrides += [f"mempo.{k}={v}" for k, v in mempo.items()]
-    cfg = compose_mempo_config(overrides)
+    cfg = compose_mempo_config([*overrides, *extra_overrides])
     tool = RetrievalTool({"type": "native", "retriever": str(world / "corpus.jsonl"), "topk": 2,
                           "observation_max_tokens": 64})
     return hydra.utils.instantiate(
@@ -271,3 +272,105 @@ def test_data_stage_parquet_row_through_verls_dataset_drives_the_loop(tiny_polic
     assert compute_score(row["data_source"], final, row["reward_model"]["ground_truth"], extra) == 1.0
     wrong = {**extra, "mempo_turn_texts": [turns[0], turns[1].replace(gold, "nobody; nowhere")]}
     assert compute_score(row["data_source"], final, row["reward_model"]["ground_truth"], wrong) == 0.0
+
+
+class FlakyServer(ScriptedServer):
+    """Generation as SGLang returns it when things go wrong: `None` entries in `responses` are
+    empty generations without log-probs; `(text, k)` entries came back with only k log-probs
+    (an aborted request). Probe requests are slowed and counted in flight."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.in_flight = self.max_in_flight = 0
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        if "prompt_logprobs" in sampling_params:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            await asyncio.sleep(0.005)
+            self.in_flight -= 1
+            return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+        item = self.responses[0]
+        if item is None:
+            self.responses.pop(0)
+            return TokenOutput(token_ids=[], log_probs=None, extra_fields={})
+        if isinstance(item, tuple):
+            self.responses.pop(0)
+            ids = self.tokenizer.encode(item[0], add_special_tokens=False)
+            return TokenOutput(token_ids=ids, log_probs=[-0.25] * item[1], extra_fields={})
+        return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+
+
+def _flaky_turns(qa: dict) -> list:
+    subject, answer = qa["metadata"]["subjects"][0], qa["golden_answers"][0]
+    return [None, (f"<mem> m </mem> <think> t </think> <search> {subject} </search>", 3),
+            f"<mem> {answer} </mem> <think> done </think> <answer> {answer} </answer>"]
+
+
+@pytest.mark.parametrize("calculate", [True, False])
+def test_empty_and_aborted_generations_keep_the_batch_consistent(tiny_policy, tiny_world, calculate):  # noqa: F811
+    """With rollout log-probs on, every turn has one per response token (0.0 where the server
+    gave none, counted); with them off, no turn has any. verl's own collation then stacks them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    qa = _first_question(tiny_world)
+    server = FlakyServer(tok, _flaky_turns(qa), model=AutoModelForCausalLM.from_pretrained(tiny_policy).eval())
+    loop = _make_loop(tiny_policy, tiny_world, server,
+                      extra_overrides=(f"actor_rollout_ref.rollout.calculate_log_probs={str(calculate).lower()}",))
+    kwargs = {"raw_prompt": build_messages(qa["question"]), "extra_info": {"question": qa["question"]},
+              "reward_model": {"ground_truth": qa["golden_answers"], "style": "rule"}}
+    outs = asyncio.run(loop.run({"temperature": 1.0, "top_p": 1.0, "logprobs": calculate}, **kwargs))
+    assert len(outs) == 3 and all(isinstance(o, AgentLoopOutput) for o in outs)
+    if not calculate:
+        assert all(o.response_logprobs is None for o in outs)
+        return
+    for o in outs:
+        assert len(o.response_logprobs) == len(o.response_ids)
+    assert outs[0].response_ids == [tok.eos_token_id or 0] and outs[0].response_logprobs == [0.0]
+    assert outs[0].extra_fields["logprobs_filled"] == 1
+    assert outs[1].response_logprobs[:3] == [-0.25] * 3
+    assert outs[1].extra_fields["logprobs_filled"] == len(outs[1].response_ids) - 3
+    assert outs[2].extra_fields["logprobs_filled"] == 0
+    assert [o.extra_fields["tool_called"] for o in outs] == [False, True, False]
+    # verl's TransferQueue field: a rollout_log_probs tensor for every row (as_dict drops it when None)
+    assert all("rollout_log_probs" in o.as_dict() for o in outs)
+
+
+def test_align_logprobs():
+    from mempo.verl_plugin.agent_loop import align_logprobs
+
+    assert align_logprobs([-1.0, -2.0, -3.0], 2, True) == ([-1.0, -2.0], 0)
+    assert align_logprobs(None, 2, True) == ([0.0, 0.0], 2)
+    assert align_logprobs([-1.0], 3, True) == ([-1.0, 0.0, 0.0], 2)
+    assert align_logprobs([-1.0], 3, False) == (None, 0)
+
+
+def test_memory_probes_are_bounded_per_worker_not_per_episode(tiny_policy, tiny_world):  # noqa: F811
+    """Four episodes at once in one worker (one event loop), probe_concurrency=2: never more
+    than two probe requests in flight, although each episode alone would allow two."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy).eval()
+    qa = _first_question(tiny_world)
+    subject, answer = qa["metadata"]["subjects"][0], qa["golden_answers"][0]
+    turns = [f"<mem> a </mem> <think> t </think> <search> {subject} </search>",
+             f"<mem> {answer} </mem> <think> t </think> <answer> {answer} </answer>"]
+    server = FlakyServer(tok, turns * 4, model=model)
+    # eps=previous: one probe per turn (full_context would add a full-history probe to each)
+    loops = [_make_loop(tiny_policy, tiny_world, server, probe_concurrency=2, eps="previous") for _ in range(4)]
+    kwargs = {"raw_prompt": build_messages(qa["question"]), "extra_info": {"question": qa["question"]},
+              "reward_model": {"ground_truth": qa["golden_answers"], "style": "rule"}}
+
+    async def all_episodes():
+        return await asyncio.gather(*(lp.run({"temperature": 1.0, "top_p": 1.0}, **kwargs) for lp in loops))
+
+    results = asyncio.run(all_episodes())
+    # the four episodes share the scripted replies, so their lengths vary; 8 turns in all
+    assert sum(len(r) for r in results) == 8
+    assert len(server.probe_calls) == 8  # one probe per turn
+    assert server.max_in_flight == 2

@@ -65,8 +65,9 @@ def test_compute_advantage_through_transfer_queue(tq_session, tiny_policy):  # n
     tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
 
     trainer = MempoTrainerSync.__new__(MempoTrainerSync)
-    trainer.config = compose_mempo_config([f"actor_rollout_ref.model.path={tiny_policy}",
-                                           "mempo.lambda_mem=0.7"])
+    # two prompts x two sessions: what the rollout-health check expects to find
+    trainer.config = compose_mempo_config([f"actor_rollout_ref.model.path={tiny_policy}", "mempo.lambda_mem=0.7",
+                                           "actor_rollout_ref.rollout.n=2", "data.train_batch_size=2"])
     trainer.trainer_mode = "mempo_sync"
     metrics: dict = {}
     trainer._compute_advantage(KVBatchMeta(partition_id="train", keys=keys, tags=tags), metrics)
@@ -92,4 +93,5 @@ def test_compute_advantage_through_transfer_queue(tq_session, tiny_policy):  # n
         assert row.shape[0] == n  # written back as nested, one value per response token
         torch.testing.assert_close(row, expected[r, :n], atol=1e-6, rtol=1e-5)
     assert metrics["mempo/episodes"] == 4.0
+    assert metrics["mempo/failed_sessions"] == 0.0 and metrics["mempo/turns_per_episode"] == 7 / 4
     assert any(row.unique().numel() > 1 for row in adv_rows)  # the memory term moved some tokens

@@ -38,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--reuse-embeddings", default=None, metavar="INDEX_DIR",
                    help="reuse the embedding shards of a dense index of the same corpus/encoder")
     b.set_defaults(handler=_build)
+    p = add_subparser(isub, "publish", "repoint ROOT/current at ROOT/BUILD (atomic; the index DAG's publish step)")
+    p.add_argument("--root", required=True, help="index root: one folder per build + `current`")
+    p.add_argument("--build", required=True, help="the new build's folder name inside --root")
+    p.set_defaults(handler=_publish)
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -60,4 +64,11 @@ def _build(args: argparse.Namespace) -> int:
     print(json.dumps({k: manifest.get(k) for k in ("method", "index_type", "count", "dim",
                                                    "build_seconds")}))
     print(f"index written to {p.out}")
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from mempo.orchestration.publish import publish_index
+
+    print(json.dumps(publish_index(args.root, args.build)))
     return 0

@@ -55,6 +55,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     verl.add_argument("hydra_overrides", nargs="*", metavar="KEY=VALUE", help="extra verl Hydra overrides")
     verl.set_defaults(handler=_verl)
 
+    rayjob = add_subparser(tsub, "rayjob", "the cluster train step: a KubeRay RayJob running `mempo train verl` (params: cluster)")
+    rayjob.add_argument("--policy", default=None, help="start model folder as the Ray pods see it (params: verl.policy)")
+    rayjob.add_argument("--data", default=None, help="prepared data folder as the Ray pods see it (params: verl.data)")
+    rayjob.add_argument("--retriever", default=None, help="retrieval service URL reachable from the Ray pods (params: verl.retriever)")
+    rayjob.add_argument("--out", default=None, help="output folder on the shared volume; the merged model lands in OUT/model (params: verl.out)")
+    rayjob.add_argument("--name", default=None, help="RayJob name (default: derived from --out, so a retry finds its job)")
+    rayjob.add_argument("--parent-run-id", default=None, help="MLflow parent run (default: $MEMPO_PARENT_RUN_ID)")
+    rayjob.add_argument("--dry-run", action="store_true", help="print the validated RayJob manifest, submit nothing")
+    rayjob.set_defaults(handler=_rayjob)
+
 
 def _sft(args: argparse.Namespace) -> int:
     from mempo.training.sft import run_sft
@@ -95,4 +105,25 @@ def _verl(args: argparse.Namespace) -> int:
         params.verl.overrides = [*params.verl.overrides, *args.hydra_overrides]
     summary = launch_verl(params, dry_run=args.dry_run)
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _rayjob(args: argparse.Namespace) -> int:
+    import os
+
+    import yaml
+
+    from mempo.orchestration.rayjob import TrainRun, job_name, render_rayjob, train_on_rayjob
+
+    params = params_from(args, {"verl.policy": args.policy, "verl.data": args.data,
+                                "verl.retriever": args.retriever, "verl.out": args.out})
+    vp = params.verl
+    run = TrainRun(name=args.name or job_name(vp.out), policy=vp.policy, data=vp.data, out=vp.out,
+                   retriever=vp.retriever,
+                   parent_run_id=args.parent_run_id or os.environ.get("MEMPO_PARENT_RUN_ID", ""),
+                   overrides=tuple(getattr(args, "overrides", []) or []))
+    if args.dry_run:
+        print(yaml.safe_dump(render_rayjob(params.cluster, run), sort_keys=False))
+        return 0
+    print(json.dumps(train_on_rayjob(params.cluster, run), indent=2))
     return 0

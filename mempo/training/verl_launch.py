@@ -8,24 +8,41 @@ What it does, in order:
 1. checks the installed verl against `configs/verl/REQUIRED_VERL.txt` and that the plug-in
    registers (`mempo.verl_plugin.assert_registered`), so a broken install fails here, not
    hours later as plain GRPO;
-2. checks the inputs: the policy folder and the data stage's `train.parquet` / `val.parquet`;
-3. writes the run's tool config (`<out>/verl/retrieval_tool.yaml`, `retriever` set);
-4. runs `python -m verl.trainer.main_ppo --config-path configs/verl --config-name
+2. checks the inputs (the policy folder, the data stage's `train.parquet` / `val.parquet`,
+   the tool config beside the Hydra config) and runs the preflight (`preflight`): the
+   retriever answers a search from this node; with `nnodes > 1` every path is under
+   `verl.shared_dir`, MLflow is a tracking server (a sqlite file exists on one node only),
+   and, on a running Ray cluster, a probe task on every node sees this run's output folder,
+   has `MLFLOW_TRACKING_URI` and reaches the retriever. A refused launch costs no GPU time;
+3. runs `python -m verl.trainer.main_ppo --config-path configs/verl --config-name
    mempo_trainer` with Hydra overrides from params.yaml (`verl:`, `mempo:`, `agent:`,
-   `train.lambda_mem`) and the Ray runtime env carrying `MLFLOW_TRACKING_URI` (and
-   `MLFLOW_RUN_ID` when a pipeline stage run is open) plus `VERL_USE_EXTERNAL_MODULES=
-   mempo.verl_plugin`, which makes every Ray worker import the plug-in even where the
-   entry point metadata is missing. With `ray_address` set, `RAY_ADDRESS` points verl's
-   `ray.init()` at the existing cluster; without it verl starts a local head;
-5. merges the newest checkpoint (`trainer.default_local_dir`, verl's tracker file) into an
+   `train.lambda_mem`). The agent-loop workers load the tool config that ships beside the
+   Hydra config (the same path on every node of one image) and read the retriever URL from
+   `MEMPO_RETRIEVER_URL`, which the Ray runtime env carries with `VERL_USE_EXTERNAL_MODULES=
+   mempo.verl_plugin` (every worker imports the plug-in), `MLFLOW_RUN_ID` when a stage run
+   is open, and SGLang's logits-processor chunking for the memory probe. The MLflow URI is
+   NOT on the command line, in the runtime env or in launch.json (it may carry credentials,
+   and verl prints both): the training process inherits it, and Ray workers on other nodes
+   have it from their own environment (the RayJob sets it from a Secret). With
+   `ray_address` set, `RAY_ADDRESS` points verl's `ray.init()` at the existing cluster;
+   without it verl starts a local head;
+4. merges the newest checkpoint (`trainer.default_local_dir`, verl's tracker file) into an
    HF folder `<out>/model` with `python -m verl.model_merger merge --backend fsdp`, so the
    register stage reads it exactly like the local trainer's output, then retires verl's
-   checkpoints; writes `<out>/verl/launch.json` (command, overrides, checkpoint, exit code).
+   checkpoints; writes `<out>/verl/launch.json` (command, overrides, checkpoint, preflight,
+   exit code).
 
 verl runs with `resume_mode: auto` and continues whatever is in its checkpoint folder, so
 before step 4 the launcher fingerprints the run (params + the contents of the policy, data
 and Hydra overlay) into `<checkpoints>/mempo_fingerprint.json`; checkpoints of another run
 (or of one that recorded none) are moved aside to `checkpoints.stale-<time>/`, not resumed.
+
+PPO mini-batches: verl counts ROWS (`ppo_mini_batch_size x rollout.n`), and every turn is a
+row here, so a mini-batch of P prompts would hold P/turns episodes and an epoch would take
+about `turns` times the optimizer steps intended. The launcher sets
+`actor.ppo_mini_batch_size = verl.ppo_mini_batch_prompts x verl.turns_per_episode`; the
+trainer logs the turns per episode it sees (`mempo/turns_per_episode`), to adjust
+`verl.turns_per_episode` if they drift.
 """
 
 from __future__ import annotations
@@ -36,14 +53,15 @@ import re
 import shlex
 import subprocess
 import sys
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
+from urllib.parse import urlparse
 
 from mempo.errors import ConfigError, DataError, MempoError
-from mempo.io import atomic_dir, write_json, write_text
+from mempo.io import atomic_dir, write_json
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +77,11 @@ _LOOKS_TYPED = re.compile(r"[-+]?[0-9][0-9_.eE+-]*|true|false|null|nan|inf", re.
 
 _MEMPO_KEYS = ("eps", "form", "norm_by_std", "mem_adv_group", "adv_eps", "mem_adv_min_std", "multi_rule",
                "format_rule", "format_penalty")
+# params.yaml `verl:` keys forwarded into the Hydra `mempo:` section (the plug-in reads them).
+_VERL_MEMPO_KEYS = ("probe_concurrency", "max_tool_failure_rate", "max_failed_session_rate", "min_health_samples")
+RETRIEVER_ENV = "MEMPO_RETRIEVER_URL"
+# Tracking servers every node can reach; a sqlite/file store lives on one node's disk.
+_SERVER_SCHEMES = ("http", "https", "databricks")
 
 
 @dataclass
@@ -67,11 +90,14 @@ class VerlRunPlan:
 
     Attributes:
         command: argv of the training process.
-        env: environment variables set for it (on top of the current environment).
+        env: environment variables set for it (on top of the current environment); printed
+            and recorded, so never a secret.
         overrides: the Hydra overrides inside `command`.
         out: output folder; checkpoints in `checkpoint_dir`, merged model in `model_dir`.
-        tool_config: the run's tool config path (written by `launch_verl`).
-        tool_settings: its `retriever` etc.
+        tool_config: the tool config the agent-loop workers load (beside the Hydra config).
+        retriever: the retrieval service URL (reaches the workers as MEMPO_RETRIEVER_URL).
+        private_env: set for the process too, but never printed or recorded (the MLflow URI
+            when it does not come from the environment already).
     """
 
     command: list[str]
@@ -81,10 +107,11 @@ class VerlRunPlan:
     checkpoint_dir: Path
     model_dir: Path
     tool_config: Path
-    tool_settings: dict[str, Any] = field(default_factory=dict)
+    retriever: str = ""
+    private_env: dict[str, str] = field(default_factory=dict, repr=False)
 
     def shell(self) -> str:
-        """The command as one copy-pasteable shell line (env vars first)."""
+        """The command as one copy-pasteable shell line (env vars first, no secrets)."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         return f"{env} {shlex.join(self.command)}".strip()
 
@@ -148,7 +175,8 @@ def plan_verl_run(params: Any, config: str | Path | None = None, python: str | N
         cfg = (Path.cwd() / cfg) if (Path.cwd() / cfg).exists() else REPO_ROOT / cfg
     out = Path(vp.out).resolve()
     checkpoint_dir = out / "verl" / "checkpoints"
-    tool_config = out / "verl" / "retrieval_tool.yaml"
+    # the copy that ships beside the Hydra config: the same path on every node of one image
+    tool_config = cfg.parent.resolve() / "retrieval_tool.yaml"
     data = Path(vp.data).resolve()
     mp, ap = params.mempo, params.agent
     train = getattr(params, "train", None)
@@ -172,50 +200,60 @@ def plan_verl_run(params: Any, config: str | Path | None = None, python: str | N
         ("mempo.check_masks", ap.check_masks),
         ("actor_rollout_ref.rollout.temperature", ap.temperature),
         ("actor_rollout_ref.rollout.top_p", ap.top_p),
+        # verl counts rows and every turn is a row (module docstring)
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", ppo_mini_batch_rows(vp)),
     ]
     pairs += [(f"mempo.{k}", getattr(mp, k)) for k in _MEMPO_KEYS]
+    pairs += [(f"mempo.{k}", getattr(vp, k)) for k in _VERL_MEMPO_KEYS]
     if vp.total_training_steps:
         pairs.append(("trainer.total_training_steps", vp.total_training_steps))
     overrides = [f"{k}={hydra_value(v)}" for k, v in pairs]
 
-    env = {"VERL_USE_EXTERNAL_MODULES": "mempo.verl_plugin", "TOKENIZERS_PARALLELISM": "false"}
+    env = {"VERL_USE_EXTERNAL_MODULES": "mempo.verl_plugin", "TOKENIZERS_PARALLELISM": "false",
+           RETRIEVER_ENV: vp.retriever}
     runtime_env = dict(env)
-    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "HF_HUB_OFFLINE",
-                "TRANSFORMERS_OFFLINE"):
+    for key in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if os.environ.get(key):
             runtime_env[key] = os.environ[key]
-    if "MLFLOW_TRACKING_URI" not in runtime_env:
-        from mempo.tracking import tracking_uri
-
-        runtime_env["MLFLOW_TRACKING_URI"] = tracking_uri()
     if mlflow_run_id:
         runtime_env["MLFLOW_RUN_ID"] = mlflow_run_id
-    env["MLFLOW_TRACKING_URI"] = runtime_env["MLFLOW_TRACKING_URI"]
     if runtime_env.get("MLFLOW_RUN_ID"):
         env["MLFLOW_RUN_ID"] = runtime_env["MLFLOW_RUN_ID"]
+    runtime_env.update(sglang_probe_env(vp.logprob_chunk_size))
     # Ray workers (possibly on other nodes) get these through the job's runtime env.
     overrides += [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_value(v)}"
                   for k, v in sorted(runtime_env.items())]
     if vp.ray_address:
         env["RAY_ADDRESS"] = vp.ray_address
     overrides += list(vp.overrides)
+    private_env = {}
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        from mempo.tracking import tracking_uri
+
+        private_env["MLFLOW_TRACKING_URI"] = tracking_uri()
 
     command = [python or sys.executable, "-m", "verl.trainer.main_ppo",
                "--config-path", str(cfg.parent.resolve()), "--config-name", cfg.stem, *overrides]
-    tool_settings = {"retriever": vp.retriever}
-    return VerlRunPlan(command, env, overrides, out, checkpoint_dir, out / "model", tool_config, tool_settings)
+    return VerlRunPlan(command, env, overrides, out, checkpoint_dir, out / "model", tool_config,
+                       retriever=vp.retriever, private_env=private_env)
 
 
-def write_tool_config(plan: VerlRunPlan, template: Path | None = None) -> Path:
-    """Write the run's tool config: the template with `retriever` set (atomic)."""
-    template = template or DEFAULT_CONFIG.parent / "retrieval_tool.yaml"
-    doc = yaml.safe_load(template.read_text(encoding="utf-8"))
-    for tool in doc.get("tools", []):
-        tool.setdefault("config", {}).update(plan.tool_settings)
-    plan.tool_config.parent.mkdir(parents=True, exist_ok=True)
-    write_text(plan.tool_config, "# written by mempo train verl from " + template.name + "\n"
-               + yaml.safe_dump(doc, sort_keys=False))
-    return plan.tool_config
+def ppo_mini_batch_rows(vp: Any) -> int:
+    """verl's `ppo_mini_batch_size` (it multiplies by rollout.n) for `ppo_mini_batch_prompts`
+    prompts whose episodes each give about `turns_per_episode` turn rows."""
+    return max(1, round(vp.ppo_mini_batch_prompts * vp.turns_per_episode))
+
+
+def sglang_probe_env(chunk_size: int) -> dict[str, str]:
+    """SGLang's logits-processor chunking for prompt log-probs (the memory probe), 0 = off.
+
+    Without it SGLang builds float32 logits over the whole vocabulary for every prompt token
+    of a probe at once (152k x 4 bytes = 0.6 MB per token for Qwen2.5: 1.2 GB for a
+    2,000-token probe prompt); chunked, it holds `chunk_size` tokens' worth at a time.
+    """
+    if chunk_size <= 0:
+        return {}
+    return {"SGLANG_ENABLE_LOGITS_PROCESSER_CHUNK": "1", "SGLANG_LOGITS_PROCESSER_CHUNK_SIZE": str(chunk_size)}
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
@@ -261,7 +299,10 @@ def merge_checkpoint(step_dir: Path, target: Path, python: str | None = None) ->
 
 # verl params that may change between a run and its resumption (the step budget, where the
 # cluster is, whether to merge, the MLflow experiment name).
-_VERL_RESUME_SAFE = frozenset({"total_epochs", "total_training_steps", "ray_address", "merge", "experiment_name"})
+_VERL_RESUME_SAFE = frozenset({"total_epochs", "total_training_steps", "ray_address", "merge", "experiment_name",
+                               # launch checks and rollout-health limits: they stop a run, never change it
+                               "shared_dir", "preflight_timeout_s", "max_tool_failure_rate",
+                               "max_failed_session_rate", "min_health_samples"})
 
 
 def guard_verl_checkpoints(plan: VerlRunPlan, params: Any) -> Path | None:
@@ -287,7 +328,10 @@ def guard_verl_checkpoints(plan: VerlRunPlan, params: Any) -> Path | None:
 
 
 def check_inputs(plan: VerlRunPlan, params: Any) -> None:
-    """DataError naming the missing input (policy folder, train/val parquet)."""
+    """DataError naming the missing input (policy folder, train/val parquet, tool config)."""
+    if not plan.tool_config.is_file():
+        raise ConfigError("no retrieval tool config beside the Hydra config (every node loads this copy)",
+                          path=plan.tool_config)
     policy = Path(params.verl.policy)
     if not (policy / "config.json").exists():
         raise DataError("policy folder has no config.json (run `mempo train sft` or `mempo policy`)",
@@ -296,6 +340,108 @@ def check_inputs(plan: VerlRunPlan, params: Any) -> None:
         f = Path(params.verl.data) / f"{split}.parquet"
         if not f.exists():
             raise DataError(f"no {split}.parquet (run `mempo data prepare`)", path=f, field="verl.data")
+
+
+def check_retriever(url: str, timeout_s: float) -> str:
+    """"" when `url` (a retrieval service URL) answers a search, else why not."""
+    from mempo.retrieval import open_retriever
+
+    try:
+        retriever = open_retriever(url, timeout_s=timeout_s, retries=0)
+        try:
+            retriever.search(["preflight reachability check"], topk=1)
+        finally:
+            getattr(retriever, "close", lambda: None)()
+    except Exception as e:  # noqa: BLE001 - any failure means "not reachable", reported as text
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def node_report(marker: str, retriever: str, timeout_s: float) -> dict[str, Any]:
+    """What one node sees (run there as a Ray task by `probe_ray_nodes`).
+
+    Returns {"node", "shared" (the marker file is visible), "mlflow" (MLFLOW_TRACKING_URI is
+    set; its value stays on the node), "retriever" ("" or the error)}.
+    """
+    import socket
+
+    return {"node": socket.gethostname(), "shared": os.path.exists(marker),
+            "mlflow": bool(os.environ.get("MLFLOW_TRACKING_URI")),
+            "retriever": check_retriever(retriever, timeout_s) if retriever.startswith(("http://", "https://")) else ""}
+
+
+def probe_ray_nodes(address: str, marker: str, retriever: str, timeout_s: float) -> list[dict[str, Any]]:
+    """`node_report` on every alive node of the Ray cluster at `address` ("" = a local one)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray.init(address=address or None, logging_level=logging.WARNING, log_to_driver=False,
+             include_dashboard=False if not address else None)
+    try:
+        report = ray.remote(num_cpus=0)(node_report)
+        refs = [report.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            marker, retriever, timeout_s) for n in ray.nodes() if n.get("Alive")]
+        return list(ray.get(refs, timeout=3 * timeout_s + 120))
+    finally:
+        ray.shutdown()
+
+
+def preflight(plan: VerlRunPlan, params: Any, *, tracking_uri: str,
+              probe: Callable[[str, str, str, float], list[dict[str, Any]]] = probe_ray_nodes) -> dict[str, Any]:
+    """Refuse a launch that would burn GPU hours on a setup that cannot work (module docstring, 2).
+
+    Returns what was checked (recorded in launch.json); raises ConfigError naming the problem.
+    """
+    vp = params.verl
+    timeout = vp.preflight_timeout_s
+    report: dict[str, Any] = {"retriever": vp.retriever}
+    is_http = vp.retriever.startswith(("http://", "https://"))
+    if is_http:
+        why = check_retriever(vp.retriever, timeout)
+        if why:
+            raise ConfigError(f"the retriever does not answer from this node ({why}); start `mempo serve retriever` "
+                              "where every Ray node reaches it (rollouts would only see 'search failed')",
+                              field="verl.retriever")
+    elif not Path(vp.retriever).exists():
+        raise ConfigError("no such index folder or corpus file", path=vp.retriever, field="verl.retriever")
+    if vp.nnodes <= 1:
+        return report
+    if not is_http:
+        raise ConfigError("with nnodes > 1 the retriever must be a service URL (an index folder would be loaded "
+                          "on every node from that node's disk)", field="verl.retriever")
+    if not vp.shared_dir:
+        raise ConfigError("nnodes > 1 needs storage every node mounts: set verl.shared_dir (FSDP shards land "
+                          "on each rank's disk, and the merge reads them all)", field="verl.shared_dir")
+    shared = Path(vp.shared_dir).resolve()
+    for name in ("policy", "data", "out"):
+        path = Path(getattr(vp, name)).resolve()
+        if shared not in (path, *path.parents):
+            raise ConfigError(f"is not under verl.shared_dir {shared}: other nodes cannot read it",
+                              path=path, field=f"verl.{name}")
+    scheme = urlparse(tracking_uri).scheme
+    if scheme not in _SERVER_SCHEMES:
+        raise ConfigError(f"nnodes > 1 needs an MLflow tracking server (http/https), not a {scheme or 'file'} "
+                          "store that exists on one node only: set MLFLOW_TRACKING_URI", field="MLFLOW_TRACKING_URI")
+    report["shared_dir"] = str(shared)
+    if not vp.ray_address:
+        return report
+    marker = plan.out / "verl" / f".shared-probe-{uuid.uuid4().hex}"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("written by the launcher; every node must see it\n")
+    try:
+        nodes = probe(vp.ray_address, str(marker), vp.retriever, timeout)
+    finally:
+        marker.unlink(missing_ok=True)
+    problems = [f"{n['node']}: " + ", ".join(
+        p for p, bad in (("does not see " + str(plan.out), not n["shared"]), ("has no MLFLOW_TRACKING_URI", not n["mlflow"]),
+                         (f"cannot reach the retriever ({n['retriever']})", bool(n["retriever"]))) if bad)
+        for n in nodes if not n["shared"] or not n["mlflow"] or n["retriever"]]
+    if len(nodes) < vp.nnodes:
+        problems.append(f"the Ray cluster has {len(nodes)} alive node(s), nnodes is {vp.nnodes}")
+    if problems:
+        raise ConfigError("the Ray nodes are not ready: " + "; ".join(problems))
+    report["nodes"] = [n["node"] for n in nodes]
+    return report
 
 
 def launch_verl(params: Any, dry_run: bool = False, tracking: bool = True,
@@ -325,12 +471,14 @@ def _launch(params: Any, version: str, run_id: str | None, python: str | None) -
     plan = plan_verl_run(params, python=python, mlflow_run_id=run_id)
     summary: dict[str, Any] = {"verl": version, "command": plan.shell(), "out": str(plan.out)}
     check_inputs(plan, params)
+    from mempo.tracking import tracking_uri
+
+    summary["preflight"] = preflight(plan, params, tracking_uri=tracking_uri())
     aside = guard_verl_checkpoints(plan, params)
     if aside is not None:
         summary["stale_checkpoints"] = str(aside)
-    write_tool_config(plan)
     log.info("launching: %s", plan.shell())
-    proc = subprocess.run(plan.command, env={**os.environ, **plan.env})
+    proc = subprocess.run(plan.command, env={**os.environ, **plan.private_env, **plan.env})
     summary["exit_code"] = proc.returncode
     step = latest_checkpoint(plan.checkpoint_dir)
     summary["checkpoint"] = str(step) if step else None

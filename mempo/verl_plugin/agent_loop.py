@@ -12,9 +12,18 @@ them `{uid}_{session}_{turn}` and copies the final reward to every turn.
 Each output's `extra_fields` holds what the `mempo_sync` trainer needs:
 `mem_mask` (1 on the response tokens inside `<mem>`), `turn_index`, `memory` (the text),
 `mem_prob` / `mem_logprob` (P(a* | q, mem_t), from the rollout server, see
-`mempo.verl_plugin.memory_probe`) and, with eps=full_context, `full_prob` / `full_logprob`.
-The last output also carries `mempo_turn_texts` (every turn's response text) so the reward
-(`mempo.verl_plugin.reward.compute_score`) scores the format of the whole episode.
+`mempo.verl_plugin.memory_probe`) and, with eps=full_context, `full_prob` / `full_logprob`;
+and for the rollout-health check (`mempo.verl_plugin.health`) `tool_called` / `tool_ok`
+and `logprobs_filled`. The last output also carries `mempo_turn_texts` (every turn's response
+text) so the reward (`mempo.verl_plugin.reward.compute_score`) scores the format of the
+whole episode.
+
+Rollout log-probs: verl stacks `rollout_log_probs` only if EVERY row of a batch has them
+(one row without them breaks the batch), and a turn whose generation came back empty or
+aborted has none (the loop trains on one EOS token in its place). So when the rollout
+computes log-probs (`rollout.calculate_log_probs`), every turn carries exactly one per
+response token: the server's, and 0.0 for a token it did not produce, counted in
+`logprobs_filled`; when it does not, no turn carries any.
 
 Selected per row by the parquet column `agent_name=mem_agent` (written by the data stage).
 Settings come from the Hydra `mempo:` section (configs/verl/mempo_trainer.yaml).
@@ -25,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 from uuid import uuid4
@@ -75,7 +85,7 @@ class MemAgentSettings:
         lambda_mem: 0 skips the memory probes (no A^M is used then).
         eps: previous | full_context | none (full_context adds one probe per turn).
         check_masks: verify each `<mem>` token mask decodes to the memory text.
-        probe_concurrency: memory-probe requests in flight per episode.
+        probe_concurrency: memory-probe requests in flight per worker process (all episodes).
     """
 
     max_turns: int = 8
@@ -118,6 +128,38 @@ def gold_answer_of(kwargs: Mapping[str, Any]) -> str | None:
         return truth
     items = [str(t) for t in list(truth)]
     return items[0] if items else None
+
+
+def align_logprobs(server_logprobs: Sequence[float] | None, n_tokens: int,
+                   calculate: bool) -> tuple[list[float] | None, int]:
+    """One rollout log-prob per response token, or None for every turn (see module docstring).
+
+    Args:
+        server_logprobs: what the server returned for this generation (None or shorter when it
+            produced fewer tokens than the turn trains on, e.g. an empty or aborted generation).
+        n_tokens: the turn's response length.
+        calculate: `rollout.calculate_log_probs`.
+    Returns:
+        (log-probs [n_tokens] or None, how many were filled with 0.0).
+    """
+    if not calculate:
+        return None, 0
+    got = [float(x) for x in list(server_logprobs or [])[:n_tokens]]
+    return got + [0.0] * (n_tokens - len(got)), n_tokens - len(got)
+
+
+# One memory-probe semaphore per event loop (= per agent-loop worker process): verl creates
+# an agent loop per episode, so a per-instance bound would not bound the worker.
+_PROBE_GATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def probe_gate(limit: int) -> asyncio.Semaphore:
+    """The running event loop's memory-probe semaphore (created with `limit` on first use)."""
+    loop = asyncio.get_running_loop()
+    gate = _PROBE_GATES.get(loop)
+    if gate is None:
+        gate = _PROBE_GATES[loop] = asyncio.Semaphore(limit)
+    return gate
 
 
 @register(AGENT_LOOP_NAME)
@@ -198,15 +240,17 @@ class MemAgentLoop(AgentLoopBase):
                 gen_s = time.monotonic() - t0
                 response_ids, text, parsed, mem_mask = await loop.run_in_executor(
                     None, self._digest_response, list(generated.token_ids))
-                logprobs = list(generated.log_probs)[: len(response_ids)] if generated.log_probs else None
-                if logprobs is not None and len(logprobs) != len(response_ids):
-                    logprobs = None
+                logprobs, filled = align_logprobs(
+                    generated.log_probs, len(response_ids),
+                    bool(getattr(self.rollout_config, "calculate_log_probs", False)))
 
                 done = parsed.valid and parsed.action == "answer"
                 observation = short = None
                 tool_s, tool_info = 0.0, {}
+                tool_called = False
                 if not done:
                     if parsed.valid and parsed.action in ("search", "access"):
+                        tool_called = True
                         t1 = time.monotonic()
                         observation, short, tool_info = await self._observe(
                             instance_id, parsed.action, parsed.argument or "")
@@ -226,7 +270,7 @@ class MemAgentLoop(AgentLoopBase):
                 extra.update(
                     turn_index=turn, mem_mask=mem_mask, memory=parsed.mem or "",
                     turn_valid=bool(parsed.valid), action=parsed.action or "",
-                    tool_ok=bool(tool_info.get("ok", True)),
+                    tool_called=tool_called, tool_ok=bool(tool_info.get("ok", True)), logprobs_filled=filled,
                 )
                 outputs.append(AgentLoopOutput(
                     prompt_ids=prompt_ids,
@@ -261,14 +305,14 @@ class MemAgentLoop(AgentLoopBase):
         loop = asyncio.get_running_loop()
         probes = await loop.run_in_executor(
             None, lambda: [memory_probe(self.tokenizer, question, m, answer) for m in memories])
-        ap = await answer_probability_from_server(
-            self.server_manager, probes, self.settings.probe_concurrency, request_id)
+        gate = probe_gate(self.settings.probe_concurrency)
+        ap = await answer_probability_from_server(self.server_manager, probes, request_id=request_id, gate=gate)
         for k, out in enumerate(outputs):
             out.extra_fields.update(mem_prob=float(ap.prob[k]), mem_logprob=float(ap.mean_logprob[k]))
         if full_messages:
             full_probes = await loop.run_in_executor(
                 None, lambda: [full_context_probe(self.tokenizer, msgs, answer) for msgs in full_messages])
-            fp = await answer_probability_from_server(
-                self.server_manager, full_probes, self.settings.probe_concurrency, request_id)
+            fp = await answer_probability_from_server(self.server_manager, full_probes, request_id=request_id,
+                                                      gate=gate)
             for k, out in enumerate(outputs):
                 out.extra_fields.update(full_prob=float(fp.prob[k]), full_logprob=float(fp.mean_logprob[k]))

@@ -19,12 +19,22 @@ We use (2), called from the agent loop right after an episode ends. Why:
   balancing: the trainer's only change stays the advantage step;
 - in the synchronous trainer the rollout server holds the actor's weights of this step
   (verl syncs them before every rollout), so the probability is under the same policy;
-- the probes share the system prompt + question prefix, which SGLang's radix cache reuses,
-  and they run while other episodes are still generating;
+- they run while other episodes are still generating;
 - the memory reward is a reward, not a gradient path, so bf16 kernel differences between
   SGLang and the training engine (~1e-2 relative on log-probs) do not bias the update.
 The actor path stays the reference: tests assert both paths agree on the same inputs
 (`answer_probability` on a model vs this module on a server backed by the same model).
+
+What a probe costs on SGLang (0.5.x): asking for prompt log-probs from the first token
+(`logprob_start_len=0`, what verl's server sends for `prompt_logprobs`) makes SGLang compute
+the whole prompt again, so the shared system-prompt + question prefix is NOT served from the
+radix cache, and its logits processor builds float32 logits over the full vocabulary for
+every prompt token (0.6 MB per token for Qwen2.5's 152k vocabulary). Two bounds keep that in
+check: `mempo train verl` turns on SGLang's chunked logits processing in the Ray runtime env
+(`verl.logprob_chunk_size`, `mempo.training.verl_launch.sglang_probe_env`), and the agent
+loop shares ONE semaphore of `probe_concurrency` requests per worker process across all its
+episodes (`gate` below), instead of that many per episode. The GPU smoke run
+(scripts/gpu_smoke.py) measures the probe's tokens/s and peak memory on the actor path.
 
     probes = [probe_ids(tok, question, mem, answer) for mem in memories]
     ap = await answer_probability_from_server(server_manager, probes)   # .prob, .mean_logprob
@@ -111,7 +121,7 @@ def answer_logprobs_from_prompt_logprobs(
 
 async def answer_probability_from_server(
     server_manager: Any, probes: Sequence[AnswerProbe], max_concurrency: int = 64,
-    request_id: str | None = None,
+    request_id: str | None = None, gate: asyncio.Semaphore | None = None,
 ) -> AnswerProbability:
     """Teacher-forced answer probabilities from the rollout server, one request per probe.
 
@@ -120,14 +130,15 @@ async def answer_probability_from_server(
             `generate(request_id=, prompt_ids=, sampling_params=)` returning a TokenOutput
             whose `extra_fields["prompt_logprobs"]` follows verl's contract).
         probes: N probes.
-        max_concurrency: requests in flight at once.
+        max_concurrency: requests in flight at once (when no `gate` is given).
         request_id: verl routes requests with the same id to the same server replica; the
-            agent loop passes its episode's id so probes hit that replica's prefix cache
+            agent loop passes its episode's id, keeping an episode's requests on one replica
             (None: a fresh id per probe, spread over replicas).
+        gate: a semaphore shared with other callers (the agent loop's per-worker bound).
     Returns:
         `AnswerProbability` with tensors [N] (prob = exp(mean log p) per probe).
     """
-    gate = asyncio.Semaphore(max_concurrency)
+    gate = gate or asyncio.Semaphore(max_concurrency)
 
     async def one(probe: AnswerProbe) -> torch.Tensor:
         async with gate:

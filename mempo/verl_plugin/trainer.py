@@ -11,12 +11,21 @@ verl's base class branches on `trainer_mode == "sync"` in several places (replay
 data loader refill, checkpointed TransferQueue state). The registered name must differ
 from "sync", so `trainer_mode` is a property that reads "sync" for those branches while
 the registered name stays available as `registered_mode`.
+
+Two more duties, both cheap:
+- rollout health (`mempo.verl_plugin.health`): every step logs the retrieval failure rate,
+  the missing sessions and the turns per episode as `mempo/*` metrics, and stops the run
+  when a failure rate passes its `mempo:` limit;
+- progress: after every step, `<trainer.default_local_dir>/../progress.json` holds the step,
+  the total and the health numbers (the RayJob step reports it while it waits).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +44,7 @@ from mempo.verl_plugin.advantage import (
     mem_tensors_from_extra_fields,
     mempo_advantages,
 )
+from mempo.verl_plugin.health import HealthLimits, check_rollout_health, rollout_health
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +84,16 @@ def mempo_advantage_step(
     return data, metrics
 
 
+def write_progress(path: Path, step: int, total: int, health: Mapping[str, float] | None) -> None:
+    """Write `{"step", "total", "time", "health"}` atomically; a failure is logged, never raised."""
+    from mempo.io import write_json
+
+    try:
+        write_json(path, {"step": step, "total": total, "time": time.time(), "health": dict(health or {})})
+    except OSError as e:  # progress is for people watching; training goes on without it
+        log.warning("could not write %s: %s", path, e)
+
+
 @register_trainer(TRAINER_NAME)
 class MempoTrainerSync(PPOTrainerSync):
     """PPOTrainerSync whose advantage step is MemPO's (see module docstring)."""
@@ -89,6 +109,22 @@ class MempoTrainerSync(PPOTrainerSync):
     def _mempo_config(self) -> MempoAdvantageConfig:
         return MempoAdvantageConfig.from_mapping(self.config.get("mempo"))
 
+    def _check_health(self, keys: Sequence[str], extra_fields: Sequence[Any], is_padding: Sequence[bool],
+                      metrics: dict) -> None:
+        """Log the batch's rollout health and stop the run when it is too broken (see module docstring)."""
+        sync_steps = max(1, int(getattr(self, "parameter_sync_step", 1) or 1))
+        health = rollout_health(keys, extra_fields, int(self.config.actor_rollout_ref.rollout.n), is_padding,
+                                n_prompts=int(self.config.data.train_batch_size) // sync_steps)
+        metrics.update(health)
+        self._mempo_health = health
+        check_rollout_health(health, HealthLimits.from_mapping(self.config.get("mempo")))
+
+    def on_step_end(self) -> None:
+        super().on_step_end()
+        write_progress(Path(str(self.config.trainer.default_local_dir)).parent / "progress.json",
+                       int(self.global_steps), int(getattr(self, "total_training_steps", 0) or 0),
+                       getattr(self, "_mempo_health", None))
+
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
         """verl's `_compute_advantage` with the advantage maths replaced by MemPO's."""
         if self.config.algorithm.adv_estimator != ADV_ESTIMATOR_NAME:
@@ -98,6 +134,7 @@ class MempoTrainerSync(PPOTrainerSync):
         extra = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
         extra_fields = extra.pop("extra_fields").tolist()
         is_padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+        self._check_health(batch.keys, extra_fields, is_padding, metrics)
 
         response_mask = data["response_mask"]
         data = DataProto(batch=data.to_padded_tensor())
