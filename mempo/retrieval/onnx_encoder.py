@@ -82,7 +82,10 @@ class OnnxTransformer:
                 from onnxruntime.quantization import QuantType, quantize_dynamic
 
                 qpath = Path(tmp) / "encoder-int8.onnx"
-                quantize_dynamic(str(path), str(qpath), weight_type=QuantType.QInt8)
+                # Per-channel weight scales: per-tensor ones cost MiniLM 0.04 of mean cosine
+                # to the fp32 embeddings (0.89 at worst), per-channel 0.009 (0.98 at worst).
+                quantize_dynamic(str(path), str(qpath), weight_type=QuantType.QInt8,
+                                 per_channel=True)
                 path = qpath
             model = path.read_bytes()
         options = ort.SessionOptions()
