@@ -42,10 +42,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -66,6 +68,7 @@ TARGETS = {"batched_32_clients_ratio": 4.0, "batched_32_clients_p99_ms": 200, "b
 # IVF-PQ at 96 one-byte codes: 96 + 8 (id) bytes per vector in RAM vs 3072 for 768-d float32.
 IVFPQ = {"ivf_nlist": 256, "ivf_nprobe": 32, "pq_m": 96, "pq_nbits": 8, "pq_rerank": 10}
 HNSW = {"hnsw_m": 32, "hnsw_ef_construction": 200, "hnsw_ef_search": 128}
+START_TIMEOUT_S = 1200  # Search-R1's server loads its corpus with `datasets` (slow on a busy machine)
 
 
 def _queries_from(corpus: Path, n: int, seed: int) -> list[tuple[str, int]]:
@@ -102,7 +105,7 @@ class ServerProcess:
     def __enter__(self) -> ServerProcess:
         import httpx
 
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}")
@@ -114,14 +117,18 @@ class ServerProcess:
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        raise RuntimeError("server did not answer")
+        self.__exit__()  # never leave a half-started server behind
+        raise RuntimeError(f"server did not answer within {START_TIMEOUT_S} s")
 
     def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
+        # The whole process group: Search-R1's corpus loader starts worker processes.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(60)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
 
@@ -221,19 +228,26 @@ def bench_serving(servers: dict[str, Any], queries: list[tuple[str, int]], ids: 
     the round with the median requests/s is reported, all rounds are kept under `rounds`.
     Every server gets the same queries in the same round."""
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {name: {} for name in servers}
+    failed: dict[str, list[str]] = {}
     for rnd in range(rounds):
         order = list(servers) if rnd % 2 == 0 else list(reversed(servers))
         for name in order:
             qi = rnd * sum(requests_at.values())
             port = _free_port()
-            with ServerProcess(servers[name](port), port) as srv:
+            try:
+                srv = ServerProcess(servers[name](port), port).__enter__()
+            except RuntimeError as e:
+                print(f"  round {rnd} {name:20s} did not start: {e}", flush=True)
+                failed.setdefault(name, []).append(str(e))
+                continue
+            with srv:
                 for clients, n in requests_at.items():
                     qs = [queries[(qi + j) % len(queries)] for j in range(n)]
                     qi += n
                     row = asyncio.run(_run_load(srv.url, qs, clients, ids))
                     runs[name].setdefault(clients, []).append(row)
                     print(f"  round {rnd} {name:20s} {row}", flush=True)
-    out: dict[str, Any] = {"rounds": runs}
+    out: dict[str, Any] = {"rounds": runs, "failed_to_start": failed}
     for name, by_clients in runs.items():
         out[name] = [sorted(rows, key=lambda r: r["requests_per_s"])[len(rows) // 2]
                      for _, rows in sorted(by_clients.items())]
@@ -383,6 +397,8 @@ def serving_summary(serving: dict[str, Any], baseline: str) -> dict[str, Any]:
     base = {row["clients"]: row for row in serving[baseline]}
     out: dict[str, Any] = {"baseline": baseline}
     for name in serving["rounds"]:
+        if not serving[name]:
+            continue  # did not start in any round
         out[name] = {str(row["clients"]): {
             "requests_per_s": row["requests_per_s"],
             "ratio_vs_baseline": round(row["requests_per_s"] / base[row["clients"]]["requests_per_s"], 2),
@@ -467,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    work / "flat" / "docs.jsonl")
         load_queries = _queries_from(corpus, sum(requests_at.values()) * rounds, seed=2)
         result["serving"] = bench_serving(servers, load_queries, ids, requests_at, rounds)
-        baseline = "search_r1" if args.baseline_cmd else "per_request"
+        baseline = "search_r1" if result["serving"].get("search_r1") else "per_request"
         result["serving_summary"] = serving_summary(result["serving"], baseline)
 
         if "world" not in skip:

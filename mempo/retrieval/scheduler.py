@@ -43,7 +43,6 @@ class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
 
 
-
 @dataclass(eq=False)
 class _Job:
     queries: list[str]
