@@ -7,18 +7,23 @@
 Each stage's arguments live in `mempo/commands/<stage>.py`, which only parses them and
 calls the stage's library function (imported lazily, so `mempo --help` stays fast).
 Errors print one line naming the file, row or field and exit non-zero; `--verbose` shows
-the traceback.
+the traceback. SIGTERM (an Airflow timeout, a pod eviction, `kill`) is turned into an
+exception in the main thread, like Ctrl-C: `with` blocks unwind (a stage's MLflow run ends
+FAILED, child processes are stopped) and the exit status is 143 (130 for Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from mempo import __version__
 from mempo.errors import MempoError
@@ -71,6 +76,34 @@ def add_subparser(sub: argparse._SubParsersAction, name: str, help: str) -> argp
     return sub.add_parser(name, help=help, description=help, formatter_class=_Formatter)
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived. A BaseException, like KeyboardInterrupt, so that no `except
+    Exception` in library code swallows it on the way out."""
+
+
+def _again(signum: int, frame: object) -> None:
+    # A second SIGTERM while unwinding must not cut the cleanup short (stopping children).
+    print("mempo: already stopping", file=sys.stderr)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, _again)
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While inside, SIGTERM raises `Terminated` in the main thread (a no-op off it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -86,8 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.parse_args([*list(argv or sys.argv[1:]), "--help"])
         return 2
     try:
-        rc = handler(args)
+        with sigterm_raises():
+            rc = handler(args)
         return int(rc or 0)
+    except Terminated:
+        print("mempo: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except MempoError as e:
         if args.verbose:
             traceback.print_exc()

@@ -2,6 +2,17 @@
 
 Atomic outputs: a stage writes to a temporary sibling path and renames it into place, so a
 killed stage leaves either the old output or nothing, never half a file or half a folder.
+Contents are fsynced before the rename and the parent folder after it, so a power cut does
+not bring back an empty or half-flushed file under the new name.
+
+Replacing an existing folder swaps the two names in one step (Linux `renameat2` with
+`RENAME_EXCHANGE`), so at every instant the path holds the complete old folder or the
+complete new one; the old one is then deleted. We swap rather than point a symlink at
+versioned folders because the path stays a real folder: DVC, KFP artifact copies and
+Kubernetes volume mounts see what they always saw. Where the filesystem cannot swap
+(NFS, macOS), the old folder is renamed aside to `.old-<name>.*` first; a process killed
+between the two renames leaves that sibling, and the next `atomic_dir` (or `recover_dir`)
+on the path moves it back.
 
     with atomic_path("outputs/world/corpus.jsonl") as tmp:   # a file
         write(tmp)
@@ -12,12 +23,16 @@ killed stage leaves either the old output or nothing, never half a file or half 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import functools
 import gzip
 import hashlib
 import io
 import json
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -40,6 +55,81 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every regular file and folder under `root` (children before their folder)."""
+    for folder, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            p = os.path.join(folder, name)
+            if os.path.islink(p):
+                continue
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(folder))
+
+
+_OLD_MARK = ".old-"
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+@functools.lru_cache(maxsize=1)
+def _renameat2() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2  # glibc >= 2.28
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap the names `a` and `b` (both must exist) in one step; OSError where unsupported."""
+    fn = _renameat2()
+    if fn is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available here")
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def recover_dir(path: str | Path) -> bool:
+    """Undo a replacement of `path` that was killed halfway on a filesystem without swaps.
+
+    If `path` is missing and a folder moved aside by `atomic_dir` (`.old-<name>.*`) is
+    beside it, move it back (returns True); if `path` exists, delete such leftovers.
+    """
+    path = Path(path)
+    aside = sorted(path.parent.glob(f"{_OLD_MARK}{path.name}.*"), key=lambda p: p.stat().st_mtime)
+    restored = False
+    if aside and not (path.exists() or path.is_symlink()):
+        os.replace(aside.pop(), path)
+        _fsync_dir(path.parent)
+        restored = True
+    for p in aside:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    return restored
+
+
+def _replace_in_two_steps(new: Path, path: Path) -> None:
+    """The fallback where names cannot be swapped: old aside, new in, old deleted."""
+    old = path.with_name(f"{_OLD_MARK}{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    os.replace(path, old)
+    try:
+        os.replace(new, path)
+    except BaseException:
+        if not path.exists():
+            os.replace(old, path)
+        raise
+    _fsync_dir(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -68,26 +158,29 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a temporary folder beside `path`; on success it replaces `path` whole.
 
-    An existing `path` is moved aside first and deleted after the rename, so readers see
-    either the complete old folder or the complete new one.
+    Everything in the folder is fsynced first; an existing `path` is then swapped with it
+    in one step (see the module docstring), so readers see either the complete old folder
+    or the complete new one, and the old one is deleted. On an exception `path` is untouched.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    recover_dir(path)
     tmp = _tmp_sibling(path)
     tmp.mkdir()
-    old: Path | None = None
     try:
         yield tmp
-        if path.exists():
-            old = _tmp_sibling(path)
-            os.replace(path, old)
-        os.replace(tmp, path)
+        _fsync_tree(tmp)
+        if path.exists() or path.is_symlink():
+            try:
+                _exchange(tmp, path)  # tmp now holds the old folder, removed below
+            except OSError:
+                _replace_in_two_steps(tmp, path)
+        else:
+            os.replace(tmp, path)
         _fsync_dir(path.parent)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and old.exists():
-            shutil.rmtree(old, ignore_errors=True)
+        if tmp.exists() or tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -3,7 +3,7 @@ with the retrieval service up for the stages that need it, then the promotion ga
 summary of where everything is.
 
     mempo pipeline run            # what `make run` calls
-    mempo pipeline run --force    # re-run every stage
+    mempo pipeline run --force    # re-run every stage (with targets: every stage they need)
     mempo pipeline run eval       # only up to the eval stage
 
 What happens, in order:
@@ -15,11 +15,21 @@ What happens, in order:
    first, `mempo serve retriever` starts on a free loopback port, and its URL is exported
    as `MEMPO_RETRIEVER_URL` (dvc.yaml passes it to those stages with a fallback to the
    in-process index). It is stopped afterwards, also when a stage fails.
-4. `dvc repro` runs the rest; DVC decides what is stale.
+4. `dvc repro` runs the rest; DVC decides what is stale. With `--force` every stage runs
+   exactly once: the index stage and what it needs first, then the others in dependency
+   order (`dvc repro --force --single-item ...`).
 5. `mempo promote` gates the newest registered version (`pipeline.promote: true`);
    promotion reads the live registry, so it is not a DVC stage (it would never be cached).
 6. dvc.lock is logged to the parent run, each stage run is tagged with the hashes DVC
-   recorded for it, and the summary is printed.
+   recorded for it, and the summary is printed: the stages whose command ran (read from
+   DVC's own "Running stage" lines, not predicted) and those restored from the run cache.
+
+Stopping: `dvc repro` runs in its own process group. When this process is interrupted
+(Ctrl-C, or SIGTERM, which the CLI turns into an exception), the group gets SIGINT (DVC
+lets the running stage handle it, records the failure and exits), then SIGTERM and SIGKILL
+if it is still there after `STOP_GRACE_S`; the retrieval service is stopped as well, and the
+parent MLflow run ends FAILED. A SIGKILL of this process cannot be handled: then the
+service (its own process group, so a terminal's Ctrl-C does not skip the drain) stays up.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -43,6 +54,8 @@ import yaml
 from mempo.errors import MempoError
 
 ENV_RETRIEVER_URL = "MEMPO_RETRIEVER_URL"
+# Seconds an interrupted `dvc repro` gets to stop its stage after SIGINT, before SIGTERM.
+STOP_GRACE_S = 30.0
 
 # The smallest end-to-end run (every stage, minutes on 2 CPU cores): what the orchestration
 # tests run through DVC, Kubeflow (kfp.local) and Airflow. It proves the wiring, not quality.
@@ -51,7 +64,7 @@ TINY_OVERRIDES: dict[str, Any] = {
     "data.compositions": [{"k": 1, "share": 1.0}],
     "policy.hidden_size": 32, "policy.intermediate_size": 64, "policy.num_layers": 1,
     "policy.vocab_size": 400, "policy.copy_steps": 2,
-    "sft.max_questions": 8, "sft.multi_tasks": 0, "sft.val_questions": 4, "sft.max_steps": 2,
+    "sft.max_questions": 8, "sft.multi_tasks": 0, "sft.val_questions": 4, "sft.val_multi_tasks": 0, "sft.max_steps": 2,
     "sft.eval_every": 2, "sft.warmup_steps": 0,
     "train.steps": 1, "train.batch_questions": 2, "train.n_rollouts": 2, "train.max_turns": 2,
     "train.max_new_tokens": 24, "train.checkpoint_every": 1,
@@ -110,8 +123,8 @@ def stale_stages(root: str | Path = ".", targets: list[str] | None = None) -> li
     return [k.split(":")[-1] for k in status]
 
 
-def downstream_of(stages: dict[str, Any], changed: list[str]) -> set[str]:
-    """`changed` plus every stage that (transitively) depends on one of their outs."""
+def _edges(stages: dict[str, Any]) -> set[tuple[str, str]]:
+    """(src, dst) pairs where stage `dst` depends on an output of stage `src`."""
     outs_of = {
         name: [o if isinstance(o, str) else next(iter(o)) for o in s.get("outs", []) + s.get("metrics", [])]
         for name, s in stages.items()
@@ -124,15 +137,42 @@ def downstream_of(stages: dict[str, Any], changed: list[str]) -> set[str]:
             for o in outs_of[src] for d in deps_of[dst]
         )
 
-    out = set(changed)
+    return {(a, b) for a in stages for b in stages if a != b and feeds(a, b)}
+
+
+def _closure(edges: set[tuple[str, str]], start: list[str], upstream: bool) -> set[str]:
+    out = set(start)
     grew = True
     while grew:
         grew = False
-        for name in stages:
-            if name not in out and any(feeds(src, name) for src in out if src in stages):
-                out.add(name)
+        for a, b in edges:
+            src, dst = (b, a) if upstream else (a, b)
+            if src in out and dst not in out:
+                out.add(dst)
                 grew = True
     return out
+
+
+def downstream_of(stages: dict[str, Any], changed: list[str]) -> set[str]:
+    """`changed` plus every stage that (transitively) depends on one of their outs."""
+    return _closure(_edges(stages), [c for c in changed if c in stages], upstream=False) | set(changed)
+
+
+def upstream_of(stages: dict[str, Any], targets: list[str]) -> set[str]:
+    """`targets` plus every stage whose outs they (transitively) depend on."""
+    return _closure(_edges(stages), [t for t in targets if t in stages], upstream=True) | set(targets)
+
+
+def in_dependency_order(stages: dict[str, Any], names: set[str] | list[str]) -> list[str]:
+    """`names` sorted so each stage comes after the stages it depends on (dvc.yaml order on ties)."""
+    edges = {(a, b) for a, b in _edges(stages) if a in names and b in names}
+    todo = [n for n in stages if n in names]
+    done: list[str] = []
+    while todo:
+        ready = next(n for n in todo if not any(b == n and a not in done for a, b in edges))
+        done.append(ready)
+        todo.remove(ready)
+    return done
 
 
 def _free_port(host: str) -> int:
@@ -166,6 +206,8 @@ def retrieval_service(
     url = f"http://{host}:{port}"
     cmd = [str(_bin_dir() / "mempo"), "serve", "retriever", "--index", str(index_dir),
            "--host", host, "--port", str(port), *(extra_args or [])]
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     log_fh = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
     proc = subprocess.Popen(cmd, env=_env(), stdout=log_fh, stderr=subprocess.STDOUT if log_path else None,
                             start_new_session=True)
@@ -198,7 +240,13 @@ def retrieval_service(
 
 @dataclass
 class PipelineResult:
-    """What one `run_pipeline` did."""
+    """What one `run_pipeline` did.
+
+    Attributes:
+        ran: stages whose command ran (from DVC's output), in order.
+        planned: the stages expected to run (what `dvc status` and `--force` said).
+        restored: stages DVC restored from its run cache instead of running them.
+    """
 
     seconds: float
     ran: list[str]
@@ -207,13 +255,63 @@ class PipelineResult:
     retriever_stages: list[str] = field(default_factory=list)
     promotion: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    planned: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
 
 
-def _repro(root: Path, force: bool, targets: list[str] | None, extra_env: dict[str, str]) -> None:
-    cmd = [_dvc(), "repro", *(["--force"] if force else []), *(targets or [])]
-    proc = subprocess.run(cmd, cwd=root, env={**_env(), **extra_env})
-    if proc.returncode != 0:
-        raise MempoError(f"`dvc {' '.join(cmd[1:])}` failed (exit {proc.returncode}); see the stage output above")
+_RAN = re.compile(r"^Running stage '([^']+)'")
+_RESTORED = re.compile(r"^Stage '([^']+)' is cached")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stop_group(proc: subprocess.Popen[Any], grace_s: float = STOP_GRACE_S) -> None:
+    """Stop the process group led by `proc`: SIGINT, then SIGTERM, then SIGKILL."""
+    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            proc.poll()  # reap dvc itself, so a zombie does not keep the group "alive"
+            if not _group_alive(proc.pid):
+                return
+            time.sleep(0.1)
+
+
+def _repro(root: Path, force: bool, targets: list[str] | None, extra_env: dict[str, str],
+           single_item: bool = False, result: PipelineResult | None = None) -> None:
+    """`dvc repro` in its own process group, its output passed through; records in `result`
+    which stages ran. Interrupted (KeyboardInterrupt, the CLI's SIGTERM exception), it stops
+    the whole group before re-raising."""
+    cmd = [_dvc(), "repro", *(["--force"] if force else []), *(["--single-item"] if single_item else []),
+           *(targets or [])]
+    proc = subprocess.Popen(cmd, cwd=root, env={**_env(), **extra_env}, stdout=subprocess.PIPE, text=True,
+                            bufsize=1, start_new_session=True)
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if result is not None and (m := _RAN.match(line)):
+                result.ran.append(m.group(1).split(":")[-1])
+            elif result is not None and (m := _RESTORED.match(line)):
+                result.restored.append(m.group(1).split(":")[-1])
+        returncode = proc.wait()
+    except BaseException:
+        _stop_group(proc)
+        raise
+    finally:
+        proc.stdout.close()
+    if returncode != 0:
+        raise MempoError(f"`dvc {' '.join(cmd[1:])}` failed (exit {returncode}); see the stage output above")
 
 
 def run_pipeline(
@@ -237,9 +335,12 @@ def run_pipeline(
     pp = params.pipeline
     stages = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages", {})
     t0 = time.perf_counter()
-    stale = list(stages) if force else stale_stages(root, targets)
-    will_run = sorted(downstream_of(stages, stale)) if stale else []
-    result = PipelineResult(0.0, will_run, None)
+    if force:  # dvc repro --force [targets]: every stage, or every stage the targets need
+        will_run = in_dependency_order(stages, upstream_of(stages, targets) if targets else set(stages))
+    else:
+        stale = stale_stages(root, targets)
+        will_run = in_dependency_order(stages, downstream_of(stages, stale)) if stale else []
+    result = PipelineResult(0.0, [], None, planned=will_run)
     env_before = os.environ.get("MEMPO_PROJECT_ROOT")
     os.environ["MEMPO_PROJECT_ROOT"] = str(root)
     try:
@@ -249,16 +350,23 @@ def run_pipeline(
             result.parent_run_id = parent_id
             need_retriever = pp.serve_retriever and any(s in will_run for s in pp.retriever_stages)
             if need_retriever and pp.index_stage in stages:
-                _repro(root, force, [pp.index_stage], {})
+                _repro(root, force, [pp.index_stage], {}, result=result)
                 with retrieval_service(root / pp.index_dir, host=pp.retriever_host,
                                        start_timeout_s=pp.retriever_start_timeout_s,
                                        log_path=root / "outputs" / "retriever.log") as url:
                     result.retriever_url = url
                     result.retriever_stages = [s for s in pp.retriever_stages if s in will_run]
                     print(f"retrieval service up at {url} for {', '.join(result.retriever_stages)}", flush=True)
-                    _repro(root, False, targets, {ENV_RETRIEVER_URL: url})
+                    env = {ENV_RETRIEVER_URL: url}
+                    if force:  # the index stage and its upstream were forced above; the rest once each
+                        done = upstream_of(stages, [pp.index_stage])
+                        rest = [s for s in will_run if s not in done]
+                        if rest:
+                            _repro(root, True, rest, env, single_item=True, result=result)
+                    else:
+                        _repro(root, False, targets, env, result=result)
             else:
-                _repro(root, force, targets, {})
+                _repro(root, force, targets, {}, result=result)
             do_promote = pp.promote if promote is None else promote
             registered = root / params.registration.out / "registered.json"
             if do_promote and registered.exists() and (not targets or "register" in targets):
@@ -276,6 +384,7 @@ def run_pipeline(
                 from mlflow import MlflowClient
 
                 MlflowClient(tracking_uri(root)).log_artifact(parent_id, str(root / "dvc.lock"))
+                MlflowClient(tracking_uri(root)).set_tag(parent_id, "mempo.stages_ran", ",".join(result.ran) or "none")
                 tag_stage_runs_with_dvc_hashes(parent_id, root)
     finally:
         if env_before is None:

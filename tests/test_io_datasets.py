@@ -151,3 +151,90 @@ def test_killed_writer_leaves_nothing_half_written(tmp_path: Path) -> None:
     assert all(p.name.startswith(".tmp-") for p in leftovers)  # only an orphan temp, never the target
     write_jsonl(target, [{"i": 1}])
     assert target.read_text() == '{"i": 1}\n'
+
+
+def _watch_renames(monkeypatch: pytest.MonkeyPatch, target: Path) -> list[bool]:
+    """After every rename `atomic_dir` does, record whether `target` exists."""
+    import mempo.io as mio
+
+    seen: list[bool] = []
+    real_replace, real_exchange = os.replace, getattr(mio, "_exchange", None)
+
+    def replace(src: object, dst: object) -> None:
+        real_replace(src, dst)  # type: ignore[arg-type]
+        seen.append(target.exists())
+
+    def exchange(a: Path, b: Path) -> None:
+        real_exchange(a, b)  # type: ignore[misc]
+        seen.append(target.exists())
+
+    monkeypatch.setattr(mio.os, "replace", replace)
+    if real_exchange is not None:
+        monkeypatch.setattr(mio, "_exchange", exchange)
+    return seen
+
+
+def test_atomic_dir_never_leaves_the_path_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replacing an existing folder: after each filesystem step the path holds the old or the new one."""
+    target = tmp_path / "index"
+    target.mkdir()
+    (target / "old").write_text("x")
+    seen = _watch_renames(monkeypatch, target)
+    with atomic_dir(target) as tmp:
+        (tmp / "new").write_text("y")
+    assert seen and all(seen), seen
+    assert sorted(p.name for p in target.iterdir()) == ["new"]
+    assert [p.name for p in tmp_path.iterdir()] == ["index"]  # the old folder is gone too
+
+
+def test_atomic_dir_fallback_recovers_the_old_folder(tmp_path: Path) -> None:
+    """Where the filesystem cannot swap two names, a process killed between the two renames
+    leaves the old folder aside, and the next writer puts it back before replacing it."""
+    from mempo.io import recover_dir
+
+    target = tmp_path / "index"
+    target.mkdir()
+    (target / "old").write_text("x")
+    script = textwrap.dedent(f"""
+        import os
+        from pathlib import Path
+        import mempo.io as mio
+        def no_exchange(a, b):
+            raise OSError(22, "exchange not supported")
+        real_replace = os.replace
+        def die_after_first(src, dst):
+            real_replace(src, dst)
+            os._exit(9)  # killed between moving the old folder aside and the new one in
+        mio._exchange = no_exchange
+        with mio.atomic_dir({str(target)!r}) as tmp:
+            (tmp / "new").write_text("y")
+            mio.os.replace = die_after_first
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 9
+    assert not target.exists()  # the window the fallback cannot close...
+    assert recover_dir(target)  # ...and its repair
+    assert sorted(p.name for p in target.iterdir()) == ["old"]
+    with atomic_dir(target) as tmp:
+        (tmp / "new").write_text("y")
+    assert sorted(p.name for p in target.iterdir()) == ["new"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".old-")]
+
+
+def test_atomic_dir_fsyncs_every_file_before_the_swap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mempo.io as mio
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(mio.os, "fsync", fsync)
+    with atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "a.bin").write_bytes(b"a")
+        (tmp / "sub" / "b.bin").write_bytes(b"b")
+        names = {str(tmp / "a.bin"), str(tmp / "sub" / "b.bin"), str(tmp / "sub")}
+    assert names <= set(synced), synced

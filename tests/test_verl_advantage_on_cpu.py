@@ -57,8 +57,10 @@ def _local_advantages(eps, cfg: MempoAdvantageConfig) -> dict[tuple[str, int, in
                 response_text="", action=None, argument=None, valid=True, error=""))
         episodes.append(ep)
     records = [(i, t) for i, e in enumerate(eps) for t in range(len(e["turns"]))]
-    scores = [eps[i]["turns"][t]["score"] for i, t in records]
-    full = [eps[i]["turns"][t]["full"] for i, t in records]
+    # the probe's score in the configured form (P, or mean log P as the agent loop also reports)
+    pick = (lambda x: float(np.log(x))) if cfg.form == "logprob" else float
+    scores = [pick(eps[i]["turns"][t]["score"]) for i, t in records]
+    full = [pick(eps[i]["turns"][t]["full"]) for i, t in records]
     r_m = memory_reward_from_scores(scores, [episodes[i].episode_id for i, _ in records], [t for _, t in records],
                                     cfg.eps, full if cfg.eps == "full_context" else None)
     mempo = MempoParams(eps=cfg.eps, norm_by_std=cfg.norm_by_std, mem_adv_group=cfg.mem_adv_group,
@@ -102,9 +104,9 @@ def _verl_rows(eps, shuffle_seed: int = 1, padding_rows: int = 1):
 
 
 @pytest.mark.parametrize("cfg", [
-    MempoAdvantageConfig(),
+    MempoAdvantageConfig(),  # the method's reward: eps full_context, form logprob
     MempoAdvantageConfig(lambda_mem=0.5, eps="none", norm_by_std=False, mem_adv_group="per_group"),
-    MempoAdvantageConfig(eps="full_context"),
+    MempoAdvantageConfig(eps="previous", form="prob"),
 ])
 def test_trainer_advantage_step_equals_local_trainer_advantages(cfg):
     from verl.protocol import DataProto

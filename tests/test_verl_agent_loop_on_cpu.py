@@ -140,7 +140,8 @@ def test_memory_scores_match_actor_answer_probability(episode):
     got = torch.tensor([o.extra_fields["mem_prob"] for o in outs])
     torch.testing.assert_close(got, expected.prob, atol=1e-5, rtol=1e-4)
     assert [o.extra_fields["mem_logprob"] for o in outs] == pytest.approx(expected.mean_logprob.tolist(), abs=1e-4)
-    assert len(episode["server"].probe_calls) == 4
+    # 4 memory probes and, with the default eps=full_context, 4 full-history probes
+    assert len(episode["server"].probe_calls) == 8
 
 
 def test_turn_limit_cuts_the_episode_and_lambda_zero_skips_probes(tiny_policy, tiny_world):  # noqa: F811

@@ -12,7 +12,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     psub = p.add_subparsers(dest="pipeline_command", metavar="ACTION", required=True)
     run = add_subparser(psub, "run", "dvc repro every stage under one MLflow parent run, gate "
                         "promotion, then print where the outputs are")
-    run.add_argument("--force", action="store_true", help="re-run stages even if up to date")
+    run.add_argument("--force", action="store_true",
+                     help="run every stage (with targets: every stage they need) once, even if up to date")
     run.add_argument("--no-promote", action="store_true", help="skip the promotion gate (params: pipeline.promote)")
     run.add_argument("targets", nargs="*", help="stage names (default: all)")
     run.set_defaults(handler=_run)
@@ -25,5 +26,7 @@ def _run(args: argparse.Namespace) -> int:
                           promote=False if args.no_promote else None)
     ran = ", ".join(result.ran) if result.ran else "nothing (up to date)"
     print(f"\npipeline finished in {result.seconds:.0f} s; stages run: {ran}")
+    if result.restored:
+        print(f"restored from DVC's run cache (not run): {', '.join(result.restored)}")
     print("\n".join(summarize(".", result)))
     return 0

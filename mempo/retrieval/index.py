@@ -252,10 +252,12 @@ def _seed_shards(work: Path, source: Path, state: dict[str, Any]) -> None:
     for i in range(int(m["shards"])):
         dst = shard_path(work, i)
         if not dst.exists():
-            try:
-                os.link(shard_path(source, i), dst)
-            except OSError:  # another filesystem: copy instead
-                shutil.copyfile(shard_path(source, i), dst)
+            # An existing shard counts as finished, so it must appear whole or not at all.
+            with atomic_path(dst) as tmp:
+                try:
+                    os.link(shard_path(source, i), tmp)
+                except OSError:  # another filesystem: copy instead
+                    shutil.copyfile(shard_path(source, i), tmp)
 
 
 def _index_from_shards(work: Path, n_shards: int, dim: int, index_type: str,

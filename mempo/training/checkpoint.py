@@ -1,31 +1,51 @@
 """Resumable training checkpoints: model, optimiser, scheduler, every RNG state, data position.
 
-    save_checkpoint(run_dir / "checkpoints", step, model, optimizer, scheduler, state)
-    ckpt = latest_checkpoint(run_dir / "checkpoints")      # newest complete one, or None
-    state = load_checkpoint(ckpt, model, optimizer, scheduler)   # restores RNGs too
+    fp = run_fingerprint({"train": ...}, {"policy": policy_dir, "data": data_dir}, cache)
+    state = resume_training("auto", run_dir / "checkpoints", fp, model, optimizer, scheduler)
+    save_checkpoint(run_dir / "checkpoints", model, optimizer, scheduler, state)
+    retire_checkpoints(run_dir / "checkpoints")         # once the final model is saved
 
 Each checkpoint is one folder `step-NNNNNNN/` written with `atomic_dir`, so a process killed
 mid-write leaves the previous checkpoint intact and no partial folder that `latest_checkpoint`
-could pick. Weights and optimiser moments are saved with `torch.save` (exact bits), which is
-what makes a SIGKILL-and-resume run end with the same weights as an uninterrupted one.
+could pick. Its `manifest.json` (size and sha256 of every file) is written last: a folder
+whose files do not match it is not a checkpoint (size checked when listing, hash when
+loading), and resuming falls back to the previous one. Weights and optimiser moments are
+saved with `torch.save` (exact bits), which is what makes a SIGKILL-and-resume run end with
+the same weights as an uninterrupted one; the payload holds only tensors and plain data, so
+it loads with `weights_only=True` and a planted pickle never runs.
+
+A checkpoint belongs to one run: `run_fingerprint` hashes the training config together with
+the *contents* of its inputs (start policy, data, index or world). A checkpoint written under
+another fingerprint is never continued; `resume: auto` moves such checkpoints aside to
+`<root>.stale-<time>/` (nothing is deleted) and starts afresh.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
 import random
 import re
 import shutil
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mempo.errors import DataError
-from mempo.io import atomic_dir, remove_stale_tmp, write_json
+from mempo.errors import DataError, MempoError
+from mempo.io import atomic_dir, remove_stale_tmp, sha256_file, write_json
+
+log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d{7})$")
 STATE_FILE = "state.pt"
 META_FILE = "trainer_state.json"
+MANIFEST_FILE = "manifest.json"
+HASH_CACHE_FILE = "input_hashes.json"
+_RACY_NS = 2_000_000_000
 
 
 @dataclass
@@ -46,13 +66,18 @@ class TrainerState:
 
 
 def rng_states() -> dict[str, Any]:
-    """Every RNG a trainer touches: python `random`, numpy, torch CPU and all CUDA devices."""
+    """Every RNG a trainer touches: python `random`, numpy, torch CPU and all CUDA devices.
+
+    Plain lists and ints plus torch tensors only, so a checkpoint loads with `weights_only=True`.
+    """
     import numpy as np
     import torch
 
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     states: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": [version, list(internal), gauss],
+        "numpy": [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -65,8 +90,10 @@ def set_rng_states(states: dict[str, Any]) -> None:
     import numpy as np
     import torch
 
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
@@ -76,13 +103,49 @@ def checkpoint_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"step-{step:07d}"
 
 
-def list_checkpoints(root: str | Path) -> list[Path]:
-    """Complete checkpoints under `root`, oldest first (half-written temp folders ignored)."""
-    root = Path(root)
+def write_checkpoint_manifest(folder: str | Path) -> Path:
+    """Record the size and sha256 of every file in `folder` (call it after the files are written)."""
+    folder = Path(folder)
+    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+             for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST_FILE}
+    return write_json(folder / MANIFEST_FILE, {"files": files})
+
+
+def verify_checkpoint(path: str | Path, hashes: bool = False) -> str | None:
+    """Why `path` is not a complete checkpoint (None when it is).
+
+    Checks the manifest exists and every file it lists has its size; with `hashes`, also
+    its sha256 (reads every byte).
+    """
+    path = Path(path)
+    try:
+        listed = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"no readable {MANIFEST_FILE}"
+    if STATE_FILE not in listed or META_FILE not in listed:
+        return f"{MANIFEST_FILE} does not list {STATE_FILE} and {META_FILE}"
+    for name, want in listed.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != want.get("size"):
+            return f"{name} is {f.stat().st_size} bytes, the manifest says {want.get('size')} (truncated?)"
+        if hashes and sha256_file(f) != want.get("sha256"):
+            return f"{name} does not match its sha256 in {MANIFEST_FILE} (corrupt)"
+    return None
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    """Every `step-NNNNNNN` folder under `root`, complete or not, oldest first."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name) and (p / STATE_FILE).exists()]
+    found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name)]
     return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints under `root` (manifest present, sizes match), oldest first."""
+    return [p for p in _step_dirs(Path(root)) if verify_checkpoint(p) is None]
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
@@ -121,6 +184,7 @@ def save_checkpoint(
             "step": state.step, "data_position": state.data_position,
             "history": state.history, "extra": state.extra,
         })
+        write_checkpoint_manifest(tmp)  # last: its presence says the rest is complete
     if keep_last > 0:
         for old in list_checkpoints(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
@@ -128,20 +192,31 @@ def save_checkpoint(
 
 
 def load_checkpoint(path: str | Path, model: Any, optimizer: Any, scheduler: Any) -> TrainerState:
-    """Load a checkpoint into `model`, `optimizer`, `scheduler` (in place) and restore the RNGs."""
+    """Load a checkpoint into `model`, `optimizer`, `scheduler` (in place) and restore the RNGs.
+
+    Every file is checked against the manifest's sha256 first, and `state.pt` is read with
+    `weights_only=True`. Raises `DataError` ("cannot load ...") before touching the model when
+    the checkpoint is incomplete, corrupt or not plain tensors and data.
+    """
     import torch
 
     path = Path(path)
     if not (path / STATE_FILE).exists():
         raise DataError("not a checkpoint (no state.pt)", path=path)
+    problem = verify_checkpoint(path, hashes=True)
+    if problem is not None:
+        raise DataError(f"cannot load checkpoint: {problem}", path=path)
+    try:
+        payload = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+    except Exception as e:  # noqa: BLE001 - any unreadable payload is the same verdict
+        raise DataError(f"cannot load checkpoint: {type(e).__name__}: {str(e)[:300]}", path=path) from e
     device = next(model.parameters()).device
-    payload = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     model.load_state_dict({k: v.to(device) for k, v in payload["model"].items()})
     optimizer.load_state_dict(payload["optimizer"])
     if scheduler is not None and payload.get("scheduler") is not None:
         scheduler.load_state_dict(payload["scheduler"])
     set_rng_states(payload["rng"])
-    meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
     return TrainerState(
         step=int(meta["step"]), data_position=meta.get("data_position") or {},
         history=meta.get("history") or [], extra=meta.get("extra") or {},
@@ -153,51 +228,246 @@ RESUME_SAFE_KEYS = frozenset({"resume", "steps", "max_steps", "checkpoint_every"
                               "threads", "device", "eval_every", "val_every", "out"})
 
 
-def config_fingerprint(config: dict[str, Any]) -> str:
-    """sha256 of the training config (JSON, sorted), ignoring `RESUME_SAFE_KEYS` at any depth."""
-    import hashlib
+def config_fingerprint(config: dict[str, Any], ignore: frozenset[str] | set[str] = frozenset()) -> str:
+    """sha256 of the training config (JSON, sorted), ignoring `RESUME_SAFE_KEYS` and `ignore`
+    at any depth."""
+    skip = RESUME_SAFE_KEYS | set(ignore)
 
     def strip(obj: Any) -> Any:
         if isinstance(obj, dict):
-            return {k: strip(v) for k, v in obj.items() if k not in RESUME_SAFE_KEYS}
+            return {k: strip(v) for k, v in obj.items() if k not in skip}
         return obj
 
     return hashlib.sha256(json.dumps(strip(config), sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _load_cache(cache: Path | None) -> dict[str, Any]:
+    if cache is None:
+        return {}
+    try:
+        data = json.loads(cache.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _file_hash(path: Path, cache: dict[str, Any]) -> str:
+    """sha256 of a file's bytes, reused from `cache` while (size, mtime, ctime, inode) match.
+
+    ctime is in the key because no tool can set it back: a rewrite that restores size and
+    mtime (`cp -p`, `rsync -t`, `touch -d`) still changes it, so the file is read again.
+    """
+    st = path.stat()
+    key = str(path.resolve())
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    hit = cache.get(key)
+    if isinstance(hit, dict) and hit.get("stamp") == stamp:
+        return str(hit["sha256"])
+    digest = sha256_file(path)
+    # Timestamps tick coarsely (a few ms; 1-2 s on some filesystems): a file changed within a
+    # tick of being hashed could keep its stamp, so only files older than that are cached
+    # (git's "racily clean" rule). Recently written files are simply read again next time.
+    if time.time_ns() - st.st_ctime_ns > _RACY_NS:
+        cache[key] = {"stamp": stamp, "sha256": digest}
+    else:
+        cache.pop(key, None)
+    return digest
+
+
+def _service_identity(url: str) -> str:
+    """What a retrieval service serves (its `/health` index summary), not where it listens."""
+    import httpx
+
+    try:
+        resp = httpx.get(url.rstrip("/") + "/health", timeout=30.0)
+        index = resp.json()["index"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        raise MempoError(f"cannot fingerprint the retrieval service at {url} (GET /health: {e}); "
+                         "training needs it reachable") from e
+    return "service:" + hashlib.sha256(json.dumps(index, sort_keys=True).encode()).hexdigest()
+
+
+def input_hash(spec: str | Path, cache: str | Path | None = None, *, probe_services: bool = True,
+               _memo: dict[str, Any] | None = None) -> str:
+    """Content hash of one training input, as the trainer reads it.
+
+    - a file: sha256 of its bytes;
+    - a folder: sha256 over every file's relative path and sha256 (temp leftovers of killed
+      atomic writes skipped), so a changed, added or removed file changes it;
+    - `http(s)://` (a retrieval service): the index summary its `/health` reports (the port it
+      happens to listen on does not count); with `probe_services=False` the URL itself.
+
+    File hashes are cached in the JSON file `cache` keyed by (path, size, mtime, ctime, inode),
+    so a resume re-reads only what changed (a multi-GB index is read once).
+    """
+    text = str(spec)
+    if text.startswith(("http://", "https://")):
+        return _service_identity(text) if probe_services else "url:" + text.rstrip("/")
+    path = Path(spec)
+    if not path.exists():
+        raise DataError("training input not found (cannot fingerprint it)", path=path)
+    cache_path = Path(cache) if cache is not None else None
+    memo = _memo if _memo is not None else _load_cache(cache_path)
+    if path.is_file():
+        out = "file:" + _file_hash(path, memo)
+    else:
+        h = hashlib.sha256()
+        for folder, dirs, files in os.walk(path, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".tmp-", ".old-")))
+            for name in sorted(files):
+                if name.startswith((".tmp-", ".old-")):
+                    continue
+                f = Path(folder) / name
+                h.update(f"{f.relative_to(path).as_posix()}\0{_file_hash(f, memo)}\n".encode())
+        out = "dir:" + h.hexdigest()
+    if _memo is None and cache_path is not None:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(cache_path, memo, indent=None)
+    return out
+
+
+def run_fingerprint(config: Mapping[str, Any], inputs: Mapping[str, str | Path | None],
+                    cache: str | Path | None = None, *, probe_services: bool = True,
+                    ignore: frozenset[str] | set[str] = frozenset()) -> str:
+    """The identity of one training run: its config plus the content hashes of its inputs.
+
+    Args:
+        config: the params sections the trainer reads (`RESUME_SAFE_KEYS` ignored).
+        inputs: name -> path or retriever spec (None/"" skipped). Keys with these names are
+            dropped from `config`: an input counts by what it holds, not where it lives.
+        cache: JSON file for the per-file hash cache (see `input_hash`).
+        probe_services: ask a retrieval service URL what it serves (see `input_hash`).
+        ignore: more config keys that may change without changing the run (any depth).
+    """
+    cache_path = Path(cache) if cache is not None else None
+    memo = _load_cache(cache_path)
+    hashes = {name: input_hash(spec, probe_services=probe_services, _memo=memo)
+              for name, spec in sorted(inputs.items()) if spec}
+    if cache_path is not None:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(cache_path, memo, indent=None)
+    config_part = config_fingerprint(dict(config), ignore=set(inputs) | set(ignore))
+    return hashlib.sha256(json.dumps({"config": config_part, "inputs": hashes}, sort_keys=True).encode()).hexdigest()
+
+
 def checkpoint_fingerprint(path: str | Path) -> str | None:
-    """The config fingerprint a checkpoint was written with (None when it has none)."""
-    meta = json.loads((Path(path) / META_FILE).read_text(encoding="utf-8"))
+    """The fingerprint a checkpoint was written with (None when it has none or is unreadable)."""
+    try:
+        meta = json.loads((Path(path) / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
     return (meta.get("extra") or {}).get("fingerprint")
+
+
+def move_aside(root: str | Path, entries: list[Path], reason: str) -> Path:
+    """Move `entries` (inside `root`) into a new sibling `<root>.stale-<UTC time>/`; log where.
+
+    Used instead of deleting: checkpoints of another run may be the only copy of hours of
+    training (an exploratory `--set` must not wipe them).
+    """
+    root = Path(root)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = root.with_name(f"{root.name}.stale-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = root.with_name(f"{root.name}.stale-{stamp}-{n}")
+    aside.mkdir(parents=True)
+    for p in entries:
+        os.replace(p, aside / p.name)
+    log.warning("%s: moved %d item(s) from %s aside to %s (nothing deleted; remove it when no longer needed)",
+                reason, len(entries), root, aside)
+    return aside
+
+
+RUN_FINGERPRINT_FILE = "mempo_fingerprint.json"
+
+
+def guard_run_dir(root: str | Path, fingerprint: str) -> Path | None:
+    """For a trainer that resumes by itself from whatever is in `root` (verl, `resume_mode:
+    auto`): keep `root` only if its recorded fingerprint is `fingerprint`, else move its
+    contents aside (`move_aside`; also when nothing was recorded). Then record `fingerprint`.
+
+    Returns the folder things were moved to, or None.
+    """
+    root = Path(root)
+    marker = root / RUN_FINGERPRINT_FILE
+    entries = sorted(root.iterdir()) if root.is_dir() else []
+    try:
+        recorded = json.loads(marker.read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    aside = None
+    if recorded != fingerprint and any(p != marker for p in entries):
+        aside = move_aside(root, entries, "checkpoints were written by a run with another config or other inputs"
+                           + ("" if recorded else " (no fingerprint recorded)") + "; starting from scratch")
+    root.mkdir(parents=True, exist_ok=True)
+    write_json(marker, {"fingerprint": fingerprint})
+    return aside
 
 
 def resolve_resume(resume: str | None, root: str | Path, fingerprint: str | None = None) -> Path | None:
     """`--resume` value -> checkpoint folder: None/"" or "never" -> None; "auto" -> newest
-    under `root` (None when there is none); anything else is a checkpoint path.
+    complete one under `root` (None when there is none); anything else is a checkpoint path.
 
-    With `fingerprint`, "auto" ignores checkpoints written under a different training config
-    (they are deleted with a warning, so a changed config never continues an old run, e.g.
-    after `dvc repro` with new params); an explicit path with a different config is an error.
+    With `fingerprint`, "auto" never continues a checkpoint written under another one (a
+    changed config or changed input contents, e.g. after `dvc repro` upstream): every
+    checkpoint under `root` is moved aside (`move_aside`) and None returned. An explicit path
+    with another fingerprint is an error.
     """
-    import logging
-
     if not resume or resume == "never":
         return None
     if resume == "auto":
         found = latest_checkpoint(root)
         if found is not None and fingerprint is not None and checkpoint_fingerprint(found) != fingerprint:
-            logging.getLogger(__name__).warning(
-                "checkpoints in %s were written with a different config; starting from scratch", root)
-            for old in list_checkpoints(root):
-                shutil.rmtree(old, ignore_errors=True)
+            move_aside(root, _step_dirs(Path(root)),
+                       "checkpoints were written with a different config or different inputs; starting from scratch")
             return None
         return found
     path = Path(resume)
     if not (path / STATE_FILE).exists():
         raise DataError("resume: not a checkpoint folder (no state.pt)", path=path)
     if fingerprint is not None and checkpoint_fingerprint(path) != fingerprint:
-        raise DataError("resume: checkpoint was written with a different training config", path=path)
+        raise DataError("resume: checkpoint was written with a different training config or inputs", path=path)
     return path
+
+
+def resume_training(resume: str | None, root: str | Path, fingerprint: str | None,
+                    model: Any, optimizer: Any, scheduler: Any) -> TrainerState | None:
+    """Resolve `resume` (see `resolve_resume`) and load it; None means start from scratch.
+
+    With "auto", a checkpoint that fails to load (corrupt, truncated, not plain tensors) is
+    renamed `step-N.corrupt` with a warning and the previous one is tried.
+    """
+    path = resolve_resume(resume, root, fingerprint)
+    while path is not None:
+        try:
+            state = load_checkpoint(path, model, optimizer, scheduler)
+        except DataError as e:
+            if resume != "auto":
+                raise
+            bad = path.with_name(f"{path.name}.corrupt")
+            shutil.rmtree(bad, ignore_errors=True)
+            os.replace(path, bad)
+            log.warning("%s; kept it as %s and trying the previous checkpoint", e.one_line(), bad.name)
+            path = resolve_resume(resume, root, fingerprint)
+            continue
+        log.info("resumed from %s (step %d)", path, state.step)
+        return state
+    return None
+
+
+def retire_checkpoints(root: str | Path) -> int:
+    """Delete every checkpoint under `root` (call it once the run's final model is saved):
+    a finished run is never resumed, and a later run must not find its steps. Returns how many."""
+    steps = _step_dirs(Path(root))
+    for p in steps + [p for p in Path(root).glob("step-*.corrupt")]:
+        shutil.rmtree(p, ignore_errors=True)
+    if Path(root).is_dir():
+        remove_stale_tmp(root)
+    if steps:
+        log.info("retired %d checkpoint(s) in %s (the final model is saved)", len(steps), root)
+    return len(steps)
 
 
 def write_trainer_state(path: str | Path, state: TrainerState) -> None:

@@ -19,8 +19,13 @@ What it does, in order:
    `ray.init()` at the existing cluster; without it verl starts a local head;
 5. merges the newest checkpoint (`trainer.default_local_dir`, verl's tracker file) into an
    HF folder `<out>/model` with `python -m verl.model_merger merge --backend fsdp`, so the
-   register stage reads it exactly like the local trainer's output; writes
-   `<out>/verl/launch.json` (command, overrides, checkpoint, exit code).
+   register stage reads it exactly like the local trainer's output, then retires verl's
+   checkpoints; writes `<out>/verl/launch.json` (command, overrides, checkpoint, exit code).
+
+verl runs with `resume_mode: auto` and continues whatever is in its checkpoint folder, so
+before step 4 the launcher fingerprints the run (params + the contents of the policy, data
+and Hydra overlay) into `<checkpoints>/mempo_fingerprint.json`; checkpoints of another run
+(or of one that recorded none) are moved aside to `checkpoints.stale-<time>/`, not resumed.
 """
 
 from __future__ import annotations
@@ -223,6 +228,17 @@ def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
     return path if path.exists() else None
 
 
+def _retire_verl_checkpoints(checkpoint_dir: Path) -> None:
+    """After a successful merge the run is finished: delete verl's step folders and tracker,
+    so no later launch resumes it (the merged model is the output)."""
+    import shutil
+
+    for p in checkpoint_dir.glob("global_step_*"):
+        shutil.rmtree(p, ignore_errors=True)
+    (checkpoint_dir / "latest_checkpointed_iteration.txt").unlink(missing_ok=True)
+    log.info("retired verl checkpoints in %s (merged into the final model)", checkpoint_dir)
+
+
 def merge_checkpoint(step_dir: Path, target: Path, python: str | None = None) -> Path:
     """Merge `step_dir/actor` (FSDP shards) into an HF folder `target` with verl.model_merger (atomic)."""
     actor = step_dir / "actor"
@@ -241,6 +257,33 @@ def merge_checkpoint(step_dir: Path, target: Path, python: str | None = None) ->
             if (tok_src / name).exists() and not (tmp / name).exists():
                 (tmp / name).write_bytes((tok_src / name).read_bytes())
     return target
+
+
+# verl params that may change between a run and its resumption (the step budget, where the
+# cluster is, whether to merge, the MLflow experiment name).
+_VERL_RESUME_SAFE = frozenset({"total_epochs", "total_training_steps", "ray_address", "merge", "experiment_name"})
+
+
+def guard_verl_checkpoints(plan: VerlRunPlan, params: Any) -> Path | None:
+    """verl resumes (`resume_mode: auto`) from whatever is in `plan.checkpoint_dir`: make
+    sure that is this run's. The fingerprint covers the `verl`, `mempo`, `agent` params,
+    lambda_mem and the contents of the start policy, the data folder and the Hydra overlay;
+    the retriever counts by its URL (the launcher may not reach the service). A mismatch
+    moves verl's checkpoints aside (see `checkpoint.guard_run_dir`). Returns where, or None.
+    """
+    from mempo.training.checkpoint import HASH_CACHE_FILE, guard_run_dir, run_fingerprint
+
+    vp = params.verl
+    train = getattr(params, "train", None)
+    lambda_mem = vp.lambda_mem if vp.lambda_mem is not None else getattr(train, "lambda_mem", 1.0)
+    cmd = plan.command
+    overlay = Path(cmd[cmd.index("--config-path") + 1]) / f"{cmd[cmd.index('--config-name') + 1]}.yaml"
+    fingerprint = run_fingerprint(
+        {"verl": vp.model_dump(), "mempo": params.mempo.model_dump(), "agent": params.agent.model_dump(),
+         "lambda_mem": float(lambda_mem)},
+        {"policy": vp.policy, "data": vp.data, "config": overlay, "retriever": vp.retriever},
+        plan.out / "verl" / HASH_CACHE_FILE, probe_services=False, ignore=_VERL_RESUME_SAFE)
+    return guard_run_dir(plan.checkpoint_dir, fingerprint)
 
 
 def check_inputs(plan: VerlRunPlan, params: Any) -> None:
@@ -282,6 +325,9 @@ def _launch(params: Any, version: str, run_id: str | None, python: str | None) -
     plan = plan_verl_run(params, python=python, mlflow_run_id=run_id)
     summary: dict[str, Any] = {"verl": version, "command": plan.shell(), "out": str(plan.out)}
     check_inputs(plan, params)
+    aside = guard_verl_checkpoints(plan, params)
+    if aside is not None:
+        summary["stale_checkpoints"] = str(aside)
     write_tool_config(plan)
     log.info("launching: %s", plan.shell())
     proc = subprocess.run(plan.command, env={**os.environ, **plan.env})
@@ -293,6 +339,7 @@ def _launch(params: Any, version: str, run_id: str | None, python: str | None) -
             raise DataError("training finished but wrote no checkpoint (set trainer.save_freq > 0)",
                             path=plan.checkpoint_dir)
         summary["model"] = str(merge_checkpoint(step, plan.model_dir))
+        _retire_verl_checkpoints(plan.checkpoint_dir)
     write_json(plan.out / "verl" / "launch.json", {**summary, "overrides": plan.overrides})
     if proc.returncode != 0:
         raise MempoError(f"verl training exited with {proc.returncode} (resume_mode=auto continues from "

@@ -24,7 +24,23 @@ from mempo.io import atomic_dir, sha256_file, write_json
 from mempo.validation.contracts import SUITES, build_contract
 from mempo.validation.runner import MARKER, REPORT, ContractReport, run_contract
 
-__all__ = ["MARKER", "REPORT", "SUITES", "ContractReport", "eval_questions", "validate_data"]
+__all__ = ["MARKER", "REPORT", "SUITES", "ContractReport", "adhoc_report_dir", "eval_questions", "validate_data"]
+
+ADHOC = "adhoc"
+
+
+def adhoc_report_dir(params: ValidateParams, suite: str, data: str | Path) -> Path:
+    """Where a check without an explicit report folder writes: `<out>/adhoc/<suite>/<name>-<hash>/`.
+
+    Never the pipeline's own `<out>/<suite>/` (a DVC output the index and data stages depend
+    on): an ad-hoc check of another file must not replace its report or `passed.json`. The
+    hash of the resolved data path keeps reports of different files apart.
+    """
+    import hashlib
+
+    resolved = str(Path(data).resolve())
+    tag = hashlib.sha256(resolved.encode("utf-8")).hexdigest()[:8]
+    return Path(params.out) / ADHOC / suite / f"{Path(data).name}-{tag}"
 
 
 def eval_questions(paths: Sequence[str | Path]) -> list[str]:
