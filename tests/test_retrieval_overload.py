@@ -282,11 +282,14 @@ def test_load_past_capacity_sheds_with_503_stays_bounded_and_recovers(world_retr
             assert set(wave) <= {200, 503}, wave           # no 5xx other than shedding, no bad bodies
             assert wave[503] > 0 and wave[200] > 0, wave    # it shed, and it kept serving
         assert samples and max(samples) <= limits.max_queue_queries
-        # Twice the clients and requests did not grow memory with the offered load.
-        assert rss2 - rss1 < 64 * 2**20
-        # Every searched query was answered: a shed request cost no search.
+        # Twice the clients and requests did not grow memory with the offered load (a loose
+        # bound: the allocator keeps freed memory; an unbounded queue grows without limit).
+        assert rss2 - rss1 < 100 * 2**20
+        # A shed request cost no search: every searched query was answered, except ones
+        # that passed their deadline after being taken into a batch (none on a quiet machine).
         answered = wave1[200] + wave2[200]
-        assert len(gated.searched()) == answered
+        late = _metric(srv.url, "mempo_retriever_errors_total", '{endpoint="retrieve",reason="deadline"}')
+        assert answered <= len(gated.searched()) <= answered + late
         # Recovery: the queue is empty, /ready is green and a request is answered.
         _wait_for(lambda: httpx.get(f"{srv.url}/ready").status_code == 200, "readiness to return")
         assert httpx.get(f"{srv.url}/health").json()["queue_queries"] == 0

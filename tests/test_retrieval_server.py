@@ -303,7 +303,10 @@ async def _load(url: str, n_requests: int, clients: int) -> tuple[int, int, set[
 
 
 def test_load_2000_requests_32_clients_no_errors_and_batched(world_retriever) -> None:
-    with BackgroundServer(create_app(world_retriever, ServiceLimits(batch_window_ms=5.0))) as srv:
+    # A long deadline: on a busy shared machine a request may wait > 10 s here, and this
+    # test is about batching, not shedding (test_retrieval_overload.py covers that).
+    limits = ServiceLimits(batch_window_ms=5.0, request_timeout_s=300)
+    with BackgroundServer(create_app(world_retriever, limits)) as srv:
         ok, errors, statuses = asyncio.run(_load(srv.url, 2000, 32))
         assert (ok, errors, statuses) == (2000, 0, {200})
         searches = _metric(srv.url, "mempo_retriever_batch_queries_count")
@@ -316,7 +319,7 @@ def test_load_2000_requests_32_clients_no_errors_and_batched(world_retriever) ->
 
 
 def test_no_batching_serves_each_request_alone(world_retriever) -> None:
-    app = create_app(world_retriever, ServiceLimits(batching=False))
+    app = create_app(world_retriever, ServiceLimits(batching=False, request_timeout_s=300))
     with BackgroundServer(app) as srv:
         ok, errors, _ = asyncio.run(_load(srv.url, 64, 8))
         assert (ok, errors) == (64, 0)

@@ -34,6 +34,13 @@ def _pooling_mode(st_model: Any) -> str:
     return mode
 
 
+def _first_layer_nodes(path: Path) -> list[str]:
+    """Names of the first transformer layer's nodes (BERT-style `/layer.0/` export names)."""
+    import onnx
+
+    return [n.name for n in onnx.load(str(path)).graph.node if "/layer.0/" in n.name]
+
+
 def _export(hf_model: Any, sample: dict[str, Any], names: list[str], path: Path) -> None:
     """Export `hf_model`'s last hidden state for inputs `names` (dynamic batch and length)."""
     import torch
@@ -83,9 +90,11 @@ class OnnxTransformer:
 
                 qpath = Path(tmp) / "encoder-int8.onnx"
                 # Per-channel weight scales: per-tensor ones cost MiniLM 0.04 of mean cosine
-                # to the fp32 embeddings (0.89 at worst), per-channel 0.009 (0.98 at worst).
+                # to the fp32 embeddings (0.89 at worst), per-channel 0.009. The first layer
+                # stays fp32: quantising it cost 0.007 of recall@3 on 1,500 wiki queries,
+                # keeping it 0.000 (+0.001), for 1/6 of the int8 work.
                 quantize_dynamic(str(path), str(qpath), weight_type=QuantType.QInt8,
-                                 per_channel=True)
+                                 per_channel=True, nodes_to_exclude=_first_layer_nodes(path))
                 path = qpath
             model = path.read_bytes()
         options = ort.SessionOptions()
