@@ -186,6 +186,8 @@ def mempo_task(
         env_from=[
             k8s.V1EnvFromSource(config_map_ref=k8s.V1ConfigMapEnvSource(name="mempo-mlflow")),
             k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name="mempo-mlflow", optional=True)),
+            # MEMPO_RETRIEVER_TOKEN for the retrieval service (containers/retriever/k8s); required
+            k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name="mempo-retriever", optional=False)),
         ],
         volumes=volumes,
         volume_mounts=volume_mounts,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mempo.errors import ConfigError
 
@@ -330,18 +330,33 @@ class IndexParams(Section):
 
 
 class ServiceLimitParams(Section):
-    """Request limits and batching knobs of the retrieval service (the part of `serve:` that
+    """Request limits and scheduling knobs of the retrieval service (the part of `serve:` that
     `mempo.retrieval.server.ServiceLimits` extends with the runtime-only bearer token)."""
 
     batching: bool = True
-    batch_window_ms: float = Field(3.0, ge=0.0)
+    batch_window_ms: float = Field(0.0, ge=0.0)
     max_batch_queries: int = Field(128, ge=1)
+    workers: int = Field(1, ge=1)
+    max_queue_queries: int = Field(1024, ge=1)
+    request_timeout_s: float = Field(10.0, gt=0.0)
+    ready_queue_fraction: float = Field(0.5, gt=0.0, le=1.0)
+    max_connections: int = Field(1024, ge=1)
     max_queries_per_request: int = Field(256, ge=1)
     max_query_chars: int = Field(2048, ge=1)
     max_topk: int = Field(50, ge=1)
     default_topk: int = Field(3, ge=1)
     max_body_bytes: int = Field(1_000_000, ge=64)
     max_access_items: int = Field(64, ge=1)
+    max_access_passages: int = Field(1024, ge=1)
+    max_access_in_flight: int = Field(16, ge=1)
+
+    @model_validator(mode="after")
+    def _queue_holds_a_request(self) -> ServiceLimitParams:
+        if self.max_queue_queries < self.max_queries_per_request:
+            raise ValueError(f"max_queue_queries ({self.max_queue_queries}) must be >= "
+                             f"max_queries_per_request ({self.max_queries_per_request}): a full-size "
+                             "request could never be queued")
+        return self
 
 
 class ServeParams(ServiceLimitParams):
@@ -352,10 +367,12 @@ class ServeParams(ServiceLimitParams):
     port: int = Field(8013, ge=0, le=65535)
     encoder: str = ""
     device: str = "cpu"
+    encoder_backend: Literal["torch", "torch-int8", "onnx", "onnx-int8"] = "torch"
+    encoder_threads: int = Field(0, ge=0)
     graceful_timeout_s: float = Field(30.0, ge=0.0)
 
     def limits(self) -> ServiceLimitParams:
-        """Only the limit and batching fields."""
+        """Only the limit and scheduling fields."""
         return ServiceLimitParams(**{k: getattr(self, k) for k in ServiceLimitParams.model_fields})
 
 

@@ -134,7 +134,7 @@ def test_retriever_manifests_are_consistent() -> None:
         build_parser().parse_args(container["args"])
         raise SystemExit(0)
     assert exit_info.value.code == 0
-    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     port = next(p["containerPort"] for p in container["ports"] if p["name"] == "http")
     assert str(port) in container["args"]
     assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True

@@ -1,6 +1,8 @@
-"""The retrieval service on a real loopback port: Search-R1 contract, /access, limits and
-bad requests (4xx, server keeps serving), token auth, micro-batching, load, graceful
-shutdown, the HTTP client (sync, async, retries) and the `mempo serve retriever` CLI."""
+"""The retrieval service on a real loopback port: Search-R1 contract, /access (deduplicated,
+capped), limits and bad requests (4xx, server keeps serving; nested JSON too), generic 500s,
+token auth (from the environment or a file, never argv), the bind rule, micro-batching,
+load, graceful shutdown, the HTTP client and the `mempo serve retriever` CLI, and the
+Kubernetes manifests' auth and probes. Overload: test_retrieval_overload.py."""
 
 from __future__ import annotations
 
@@ -126,6 +128,9 @@ BAD_REQUESTS = [
     ("topk_too_big", "POST", "/retrieve", {"queries": ["q"], "topk": 11}, 422),
     ("return_scores_string", "POST", "/retrieve", {"queries": ["q"], "return_scores": "yes"}, 422),
     ("body_too_large", "POST", "/retrieve", {"queries": ["q"], "pad": "x" * 5000}, 413),
+    # 1,900 levels of brackets in 3.8 kB, under the size cap: the parser must not recurse.
+    ("deeply_nested", "POST", "/retrieve", b'{"queries": ' + b"[" * 1900 + b"]" * 1900 + b"}", 400),
+    ("nested_access", "POST", "/access", b'{"ids": ' + b"[" * 1100 + b"]" * 1100 + b"}", 400),
     ("access_neither", "POST", "/access", {}, 422),
     ("access_both", "POST", "/access", {"ids": ["1"], "titles": ["A"]}, 422),
     ("access_ids_not_list", "POST", "/access", {"ids": "1"}, 422),
@@ -158,6 +163,67 @@ def test_bad_requests_are_counted_by_reason(server) -> None:
     httpx.post(f"{server.url}/retrieve", json={"queries": []})
     assert _metric(server.url, "mempo_retriever_errors_total",
                    '{endpoint="retrieve",reason="queries_empty"}') >= 1
+
+
+class _BrokenRetriever(InProcessRetriever):
+    """The real retriever, but every search and access fails with a revealing message."""
+
+    def __init__(self, inner: InProcessRetriever) -> None:
+        super().__init__(inner.store, inner.searcher, inner.manifest)
+
+    def search(self, queries, topk=3):
+        raise RuntimeError("secret detail: /srv/private/index.faiss is corrupt")
+
+    def access(self, ids=None, titles=None):
+        raise KeyError("secret detail: row 77")
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_failures_get_a_generic_500_without_the_exception_text(world_retriever, batching, caplog) -> None:
+    app = create_app(_BrokenRetriever(world_retriever), ServiceLimits(batching=batching))
+    with BackgroundServer(app) as srv:
+        for path, body in (("/retrieve", {"queries": ["river"]}), ("/access", {"ids": ["1"]})):
+            r = httpx.post(f"{srv.url}{path}", json=body)
+            assert r.status_code == 500
+            detail = r.json()["detail"]
+            assert "secret" not in r.text and "Error" not in r.text
+            rid = re.search(r"request id ([0-9a-f]+)", detail).group(1)
+            # The log has the exception under the same id, for whoever runs the service.
+            assert any(rid in rec.getMessage() and rec.exc_info for rec in caplog.records)
+        assert httpx.get(f"{srv.url}/health").status_code == 200
+
+
+# ---------------------------------------------------------------------- /access limits
+
+
+def test_access_sends_each_article_once_and_the_client_restores_the_copies(server, world_retriever) -> None:
+    hit = world_retriever.search(["Syndkindale"], 1)[0][0]
+    article = world_retriever.access(ids=[hit.id])[0]
+    sibling = article[-1].id  # another passage of the same article
+    keys = [hit.id, hit.id, sibling, "nope"]
+    r = httpx.post(f"{server.url}/access", json={"ids": keys})
+    assert r.status_code == 200
+    body = r.json()
+    assert [len(a) for a in body["result"]] == [len(article), 0, 0, 0]
+    assert body["duplicate_of"] == {"1": 0, "2": 0}
+    # The Python client gives every item its article, as the in-process retriever does.
+    client = HttpRetriever(server.url)
+    assert client.access(ids=keys) == world_retriever.access(ids=keys)
+    assert asyncio.run(client.aaccess(ids=keys)) == world_retriever.access(ids=keys)
+
+
+def test_access_response_is_capped(world_retriever) -> None:
+    titles = list(dict.fromkeys(world_retriever.store.titles))[:4]
+    total = sum(len(a) for a in world_retriever.access(titles=titles))
+    app = create_app(world_retriever, ServiceLimits(max_access_passages=total - 1))
+    with BackgroundServer(app) as srv:
+        r = httpx.post(f"{srv.url}/access", json={"titles": titles})
+        assert r.status_code == 422 and "ask for fewer" in r.json()["detail"]
+        ok = httpx.post(f"{srv.url}/access", json={"titles": titles[:1]})
+        assert ok.status_code == 200
+        # Asking for one article many times costs one copy, so it stays under the cap.
+        many = httpx.post(f"{srv.url}/access", json={"titles": titles[:1] * 64})
+        assert many.status_code == 200 and sum(map(len, many.json()["result"])) == len(ok.json()["result"][0])
 
 
 # ---------------------------------------------------------------------- auth
@@ -237,7 +303,10 @@ async def _load(url: str, n_requests: int, clients: int) -> tuple[int, int, set[
 
 
 def test_load_2000_requests_32_clients_no_errors_and_batched(world_retriever) -> None:
-    with BackgroundServer(create_app(world_retriever, ServiceLimits(batch_window_ms=5.0))) as srv:
+    # A long deadline: on a busy shared machine a request may wait > 10 s here, and this
+    # test is about batching, not shedding (test_retrieval_overload.py covers that).
+    limits = ServiceLimits(batch_window_ms=5.0, request_timeout_s=300)
+    with BackgroundServer(create_app(world_retriever, limits)) as srv:
         ok, errors, statuses = asyncio.run(_load(srv.url, 2000, 32))
         assert (ok, errors, statuses) == (2000, 0, {200})
         searches = _metric(srv.url, "mempo_retriever_batch_queries_count")
@@ -250,7 +319,7 @@ def test_load_2000_requests_32_clients_no_errors_and_batched(world_retriever) ->
 
 
 def test_no_batching_serves_each_request_alone(world_retriever) -> None:
-    app = create_app(world_retriever, ServiceLimits(batching=False))
+    app = create_app(world_retriever, ServiceLimits(batching=False, request_timeout_s=300))
     with BackgroundServer(app) as srv:
         ok, errors, _ = asyncio.run(_load(srv.url, 64, 8))
         assert (ok, errors) == (64, 0)
@@ -294,17 +363,24 @@ def test_graceful_shutdown_drains_in_flight_requests(world_retriever) -> None:
 # ---------------------------------------------------------------------- CLI
 
 
-def test_cli_serve_retriever_subprocess(tiny_world: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["env", "file"])
+def test_cli_serve_retriever_subprocess(tiny_world: Path, tmp_path: Path, source: str) -> None:
     from mempo.retrieval.index import build_index
 
     build_index(tiny_world / "corpus.jsonl", tmp_path / "idx", method="bm25")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "MEMPO_RETRIEVER_TOKEN": "tok"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPO_RETRIEVER_TOKEN")}
+    extra: list[str] = []
+    if source == "env":
+        env["MEMPO_RETRIEVER_TOKEN"] = "tok"
+    else:
+        (tmp_path / "token").write_text("tok\n")
+        extra = ["--token-file", str(tmp_path / "token")]
     proc = subprocess.Popen(
         [sys.executable, "-m", "mempo", "--params", str(tmp_path / "none.yaml"), "serve",
-         "retriever", "--index", str(tmp_path / "idx"), "--port", str(port)],
+         "retriever", "--index", str(tmp_path / "idx"), "--port", str(port), *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -324,3 +400,63 @@ def test_cli_serve_retriever_subprocess(tiny_world: Path, tmp_path: Path) -> Non
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)
     assert rc == 0
+
+
+def test_cli_refuses_a_token_on_the_command_line(tiny_world: Path, tmp_path: Path, capsys) -> None:
+    from mempo.cli import main
+
+    rc = main(["--params", str(tmp_path / "none.yaml"), "serve", "retriever", "--index",
+               str(tmp_path / "no-index"), "--token", "visible-in-ps"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--token is not accepted" in err and "MEMPO_RETRIEVER_TOKEN" in err
+    assert "visible-in-ps" not in err
+
+
+def test_cli_refuses_a_public_address_without_a_token(tiny_world: Path, tmp_path: Path,
+                                                      monkeypatch, capsys) -> None:
+    from mempo.cli import main
+    from mempo.retrieval.server import check_bind, is_loopback
+
+    monkeypatch.delenv("MEMPO_RETRIEVER_TOKEN", raising=False)
+    monkeypatch.delenv("MEMPO_RETRIEVER_TOKEN_FILE", raising=False)
+    rc = main(["--params", str(tmp_path / "none.yaml"), "serve", "retriever", "--index",
+               str(tmp_path / "no-index"), "--host", "0.0.0.0"])
+    assert rc != 0 and "without a token" in capsys.readouterr().err
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+    check_bind("0.0.0.0", "tok")  # a token makes it fine
+    check_bind("0.0.0.0", None, allow_no_token=True)  # so does an explicit opt-out
+
+
+# ---------------------------------------------------------------------- manifests
+
+K8S = Path(__file__).resolve().parents[1] / "containers" / "retriever" / "k8s"
+
+
+def test_k8s_deployment_requires_the_token_secret_and_probes_readiness() -> None:
+    import yaml
+
+    dep = yaml.safe_load((K8S / "deployment.yaml").read_text())
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container.get("env", [])}
+    ref = env["MEMPO_RETRIEVER_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == "mempo-retriever" and ref.get("optional", False) is False
+    assert "--token" not in container["args"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"  # saturation -> unready
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"  # ... but not restarted
+
+
+def test_dag_pods_that_call_the_retriever_get_the_token(monkeypatch) -> None:
+    """In kubernetes mode the train and evaluate pods read the same secret the service does."""
+    sys.modules.pop("mempo_dag_common", None)
+    monkeypatch.setenv("MEMPO_AIRFLOW_MODE", "kubernetes")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "dags"))
+    import mempo_dag_common
+
+    try:
+        task = mempo_dag_common.mempo_task("t", ["eval"])
+        secrets = [e.secret_ref for e in task.env_from if e.secret_ref is not None]
+        mine = [s for s in secrets if s.name == "mempo-retriever"]
+        assert mine and not mine[0].optional
+    finally:
+        sys.modules.pop("mempo_dag_common", None)

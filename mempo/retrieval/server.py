@@ -1,20 +1,30 @@
-"""The retrieval service: Search-R1's `/retrieve` contract, batched, with limits and metrics.
+"""The retrieval service: Search-R1's `/retrieve` contract, batched, bounded, with metrics.
 
-    mempo serve retriever --index outputs/index --port 8013
-    curl -s 127.0.0.1:8013/retrieve -d '{"queries": ["Grasdrior Labs"], "topk": 3, "return_scores": true}'
+    MEMPO_RETRIEVER_TOKEN=... mempo serve retriever --index outputs/index --port 8013
+    curl -s 127.0.0.1:8013/retrieve -H "Authorization: Bearer $MEMPO_RETRIEVER_TOKEN" \
+        -d '{"queries": ["Grasdrior Labs"], "topk": 3, "return_scores": true}'
 
 Endpoints:
 - `POST /retrieve` `{"queries": [str], "topk": int, "return_scores": bool}` ->
   `{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}` (or `{"id", "contents"}`
   items without scores). Same shapes as Search-R1's retrieval_server, so its clients work.
 - `POST /access` `{"ids": [...]}` or `{"titles": [...]}` -> `{"result": [[{"id", "contents"}]]}`:
-  the whole article per item; unknown ones get `[]`.
-- `GET /health` (ready + manifest summary), `GET /metrics` (Prometheus).
+  the whole article per item; unknown ones get `[]`. An article is sent once per response:
+  a later item naming the same article gets `[]` and `"duplicate_of": {"<item>": <earlier item>}`
+  says which (`HttpRetriever.access` fills them back in).
+- `GET /health` (liveness: 200 while serving, with the queue depth and the index manifest),
+  `GET /ready` (readiness: 503 while starting or while the queue is past
+  `ready_queue_fraction`), `GET /metrics` (Prometheus). These three need no token.
 
-Cross-request micro-batching: requests arriving within `batch_window_ms` (or until
-`max_batch_queries` queries) are encoded in one forward pass and searched in one FAISS
-call. `batching=False` serves each request alone (Search-R1's behaviour), for comparison.
-Bad requests get a 4xx with `{"detail": message}`; the server keeps serving.
+Scheduling: requests wait in one bounded queue (`max_queue_queries` queries; more get 503 with
+`Retry-After`). A free worker takes everything waiting (up to `max_batch_queries`) and encodes
+it in one forward pass and one FAISS call: a lone request is dispatched at once, requests
+that arrive while the workers are busy share the next batch. `workers` batches run at once,
+each in its own thread. A request still unanswered after `request_timeout_s` gets 503 and is
+dropped from the queue; a request whose client hung up is dropped without being searched.
+`batching=False` serves each request alone (Search-R1's behaviour), for comparison.
+Bad requests get a 4xx with `{"detail": message}`; failures get a 500 with a request id (the
+exception is in the server log only); the server keeps serving.
 """
 
 from __future__ import annotations
@@ -22,27 +32,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import math
 import signal
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from mempo.config import ServiceLimitParams
+from mempo.errors import ConfigError
 from mempo.retrieval.base import Hit, Retriever
+from mempo.retrieval.scheduler import (
+    ClientGone,
+    DeadlineExceeded,
+    MicroBatcher,
+    Overloaded,
+    await_answer,
+)
 
 log = logging.getLogger(__name__)
 
 
 class ServiceLimits(ServiceLimitParams):
-    """Request limits and batching knobs (params.yaml `serve:`, `ServiceLimitParams`) plus the
-    optional bearer token, which comes from `--token` or the environment, never from params."""
+    """Request limits and scheduling knobs (params.yaml `serve:`, `ServiceLimitParams`) plus the
+    optional bearer token, which comes from the environment or a file, never from params."""
 
     token: str | None = None
 
@@ -60,6 +79,20 @@ class BadRequest(Exception):
 # ---------------------------------------------------------------------- request parsing
 
 
+def _loads(raw: bytes) -> Any:
+    """Parse JSON; orjson when installed (faster, and it stops at 1024 levels of nesting)."""
+    try:
+        import orjson
+    except ImportError:  # pragma: no cover - orjson is in requirements.lock
+        return json.loads(raw)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        if "depth" in str(e) or "recursion" in str(e):
+            raise RecursionError(str(e)) from None
+        raise json.JSONDecodeError(str(e).split(":", 1)[0], e.doc, e.pos) from None
+
+
 def _parse_body(raw: bytes, limits: ServiceLimits) -> dict[str, Any]:
     if len(raw) > limits.max_body_bytes:
         raise BadRequest(413, f"body is {len(raw)} bytes, over the {limits.max_body_bytes}-byte limit",
@@ -67,11 +100,14 @@ def _parse_body(raw: bytes, limits: ServiceLimits) -> dict[str, Any]:
     if not raw.strip():
         raise BadRequest(400, "empty body; send a JSON object", "empty_body")
     try:
-        obj = json.loads(raw)
+        obj = _loads(raw)
     except UnicodeDecodeError:
         raise BadRequest(400, "body is not valid UTF-8", "bad_encoding") from None
+    except RecursionError:
+        # A small body of nested brackets would otherwise blow the parser's stack.
+        raise BadRequest(400, "body nests too deeply; send a flat JSON object", "too_deep") from None
     except json.JSONDecodeError as e:
-        raise BadRequest(400, f"body is not valid JSON: {e.msg} at column {e.colno}",
+        raise BadRequest(400, f"body is not valid JSON: {e.msg} at character {e.pos}",
                          "bad_json") from None
     if not isinstance(obj, dict):
         raise BadRequest(422, f"body must be a JSON object, got {type(obj).__name__}", "not_object")
@@ -132,94 +168,6 @@ def parse_access(obj: dict[str, Any], limits: ServiceLimits) -> tuple[str, list[
     return key, _string_list(obj, key, limits.max_access_items, limits.max_query_chars)
 
 
-# ---------------------------------------------------------------------- micro-batching
-
-
-@dataclass
-class _Job:
-    queries: list[str]
-    topk: int
-    future: asyncio.Future[list[list[Hit]]]
-    enqueued: float = field(default_factory=time.perf_counter)
-
-
-class MicroBatcher:
-    """Collects concurrent search requests into one `search_fn` call.
-
-    The first waiting request opens a window of `window_s`; requests arriving inside it
-    (up to `max_queries` queries in total) join the batch. One batch runs at a time in a
-    worker thread, so while it runs the next batch fills up: under load the window rarely
-    matters and batches grow with the number of concurrent clients.
-    """
-
-    def __init__(self, search_fn: Callable[[list[str], int], list[list[Hit]]], window_s: float,
-                 max_queries: int, on_batch: Callable[[int], None] | None = None) -> None:
-        self.search_fn = search_fn
-        self.window_s = window_s
-        self.max_queries = max_queries
-        self.on_batch = on_batch
-        self.queue: asyncio.Queue[_Job] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        """Finish queued work, then stop the worker."""
-        while not self.queue.empty():
-            await asyncio.sleep(0.01)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def submit(self, queries: list[str], topk: int) -> list[list[Hit]]:
-        fut: asyncio.Future[list[list[Hit]]] = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Job(queries, topk, fut))
-        return await fut
-
-    async def _collect(self) -> list[_Job]:
-        batch = [await self.queue.get()]
-        n = len(batch[0].queries)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.window_s
-        while n < self.max_queries:
-            if not self.queue.empty():
-                job = self.queue.get_nowait()
-            else:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    job = await asyncio.wait_for(self.queue.get(), remaining)
-                except TimeoutError:
-                    break
-            batch.append(job)
-            n += len(job.queries)
-        return batch
-
-    async def _run(self) -> None:
-        while True:
-            batch = await self._collect()
-            queries = [q for job in batch for q in job.queries]
-            k = max(job.topk for job in batch)
-            if self.on_batch:
-                self.on_batch(len(queries))
-            try:
-                results = await asyncio.to_thread(self.search_fn, queries, k)
-            except Exception as e:  # noqa: BLE001 - handed to every waiting request
-                for job in batch:
-                    if not job.future.done():
-                        job.future.set_exception(e)
-                continue
-            i = 0
-            for job in batch:
-                part = results[i : i + len(job.queries)]
-                i += len(job.queries)
-                if not job.future.done():
-                    job.future.set_result([hits[: job.topk] for hits in part])
-
-
 # ---------------------------------------------------------------------- the app
 
 
@@ -227,7 +175,7 @@ class _Metrics:
     """Prometheus metrics on a per-app registry (several apps can live in one process)."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
         self.requests = Counter("mempo_retriever_requests", "HTTP requests",
@@ -235,6 +183,10 @@ class _Metrics:
         self.queries = Counter("mempo_retriever_queries", "queries searched", registry=self.registry)
         self.errors = Counter("mempo_retriever_errors", "requests answered with an error",
                               ["endpoint", "reason"], registry=self.registry)
+        self.dropped = Counter("mempo_retriever_dropped", "queued requests dropped unsearched",
+                               ["reason"], registry=self.registry)
+        self.queued = Gauge("mempo_retriever_queue_queries", "queries waiting for a worker",
+                            registry=self.registry)
         self.batch_size = Histogram(
             "mempo_retriever_batch_queries", "queries per search call (micro-batch size)",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=self.registry)
@@ -256,38 +208,85 @@ def manifest_summary(manifest: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def dedupe_articles(articles: list[list[Any]], key: Callable[[Any], str]) -> tuple[list[list[Any]], dict[str, int]]:
+    """Keep each article once: later copies become `[]`, listed in `{item: first item}`."""
+    first: dict[str, int] = {}
+    out: list[list[Any]] = []
+    dup: dict[str, int] = {}
+    for i, art in enumerate(articles):
+        k = key(art[0]) if art else None
+        if k is not None and k in first:
+            out.append([])
+            dup[str(i)] = first[k]
+            continue
+        if k is not None:
+            first[k] = i
+        out.append(art)
+    return out, dup
+
+
 def create_app(retriever: Retriever, limits: ServiceLimits | None = None,
                manifest: dict[str, Any] | None = None) -> Any:
     """The FastAPI app serving `retriever` under `limits`. Run it with uvicorn."""
     limits = limits or ServiceLimits()
     manifest = manifest if manifest is not None else getattr(retriever, "manifest", {}) or {}
     metrics = _Metrics()
-    state: dict[str, Any] = {"batcher": None, "ready": False}
+    state: dict[str, Any] = {"batcher": None, "ready": False, "access_in_flight": 0}
+    query_encoder = getattr(getattr(retriever, "searcher", None), "encoder", None)
+    encoder_backend = getattr(query_encoder, "backend", None)
 
     def search_sync(queries: list[str], k: int) -> list[list[Hit]]:
         metrics.queries.inc(len(queries))
         return retriever.search(queries, k)
 
+    def batcher() -> MicroBatcher:
+        b = state["batcher"]
+        if b is None:  # a request raced the lifespan start-up
+            raise Overloaded("the server is starting; retry shortly", 1)
+        return b
+
+    def saturated() -> bool:
+        b = state["batcher"]
+        return b is not None and b.queued_queries >= limits.ready_queue_fraction * limits.max_queue_queries
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if limits.batching:
-            batcher = MicroBatcher(search_sync, limits.batch_window_ms / 1000.0,
-                                   limits.max_batch_queries, metrics.batch_size.observe)
-            batcher.start()
-            state["batcher"] = batcher
+        b = MicroBatcher(search_sync, max_queries=limits.max_batch_queries,
+                         max_queue_queries=limits.max_queue_queries, workers=limits.workers,
+                         batching=limits.batching, window_s=limits.batch_window_ms / 1000.0,
+                         on_batch=metrics.batch_size.observe,
+                         on_drop=lambda reason: metrics.dropped.labels(reason).inc())
+        b.start()
+        metrics.queued.set_function(lambda: b.queued_queries)
+        state["batcher"] = b
         state["ready"] = True
         yield
         state["ready"] = False
-        if state["batcher"] is not None:
-            await state["batcher"].stop()
+        await b.stop()
 
-    app = FastAPI(title="mempo retriever", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="mempo retriever", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
 
     def error(endpoint: str, e: BadRequest) -> JSONResponse:
         metrics.errors.labels(endpoint, e.reason).inc()
         metrics.requests.labels(endpoint, str(e.status)).inc()
         headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
         return JSONResponse({"detail": e.message}, status_code=e.status, headers=headers)
+
+    def shed(endpoint: str, reason: str, message: str, retry_after_s: int) -> JSONResponse:
+        metrics.errors.labels(endpoint, reason).inc()
+        metrics.requests.labels(endpoint, "503").inc()
+        return JSONResponse({"detail": message}, status_code=503,
+                            headers={"Retry-After": str(retry_after_s)})
+
+    def internal_error(endpoint: str) -> JSONResponse:
+        # The exception text stays in the log: it can hold paths and data of the server.
+        rid = uuid.uuid4().hex[:12]
+        log.exception("%s failed (request id %s)", endpoint, rid)
+        metrics.errors.labels(endpoint, "internal").inc()
+        metrics.requests.labels(endpoint, "500").inc()
+        return JSONResponse({"detail": f"internal error (request id {rid}); see the server log"},
+                            status_code=500)
 
     def check_auth(request: Request) -> None:
         if limits.token is None:
@@ -304,14 +303,24 @@ def create_app(retriever: Retriever, limits: ServiceLimits | None = None,
         if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
             raise BadRequest(413, f"body is {declared} bytes, over the {limits.max_body_bytes}-byte "
                              "limit", "body_too_large")
+        from starlette.requests import ClientDisconnect
+
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limits.max_body_bytes:
-                raise BadRequest(413, f"body is over the {limits.max_body_bytes}-byte limit",
-                                 "body_too_large")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_body_bytes:
+                    raise BadRequest(413, f"body is over the {limits.max_body_bytes}-byte limit",
+                                     "body_too_large")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise ClientGone() from None
         return _parse_body(b"".join(chunks), limits)
+
+    def gone(endpoint: str) -> Response:
+        metrics.errors.labels(endpoint, "client_gone").inc()
+        metrics.requests.labels(endpoint, "499").inc()
+        return Response(status_code=499)  # nobody reads it; logged like nginx does
 
     @app.post("/retrieve")
     async def retrieve(request: Request) -> Response:
@@ -321,17 +330,20 @@ def create_app(retriever: Retriever, limits: ServiceLimits | None = None,
             queries, topk, with_scores = parse_retrieve(await read_body(request), limits)
         except BadRequest as e:
             return error("retrieve", e)
+        except ClientGone:
+            return gone("retrieve")
         try:
-            if state["batcher"] is not None:
-                results = await state["batcher"].submit(queries, topk)
-            else:
-                results = await asyncio.to_thread(search_sync, queries, topk)
-                metrics.batch_size.observe(len(queries))
-        except Exception as e:  # noqa: BLE001 - a failed search is a 500, not a dead server
-            log.exception("search failed")
-            metrics.errors.labels("retrieve", "internal").inc()
-            metrics.requests.labels("retrieve", "500").inc()
-            return JSONResponse({"detail": f"search failed: {type(e).__name__}: {e}"}, status_code=500)
+            future = batcher().submit(queries, topk, limits.request_timeout_s)
+            results = await await_answer(request, future, limits.request_timeout_s)
+        except Overloaded as e:
+            return shed("retrieve", "queue_full", str(e), e.retry_after_s)
+        except DeadlineExceeded:
+            return shed("retrieve", "deadline", f"not answered within {limits.request_timeout_s:g} s "
+                        "(the server is overloaded); retry later", batcher().retry_after_s())
+        except ClientGone:
+            return gone("retrieve")
+        except Exception:  # noqa: BLE001 - a failed search is a 500, not a dead server
+            return internal_error("retrieve")
         body = {"result": [[_item(h, with_scores) for h in hits] for hits in results]}
         metrics.requests.labels("retrieve", "200").inc()
         metrics.latency.labels("retrieve").observe(time.perf_counter() - t0)
@@ -345,17 +357,56 @@ def create_app(retriever: Retriever, limits: ServiceLimits | None = None,
             key, keys = parse_access(await read_body(request), limits)
         except BadRequest as e:
             return error("access", e)
-        kw = {key: keys}
-        articles = await asyncio.to_thread(retriever.access, **kw)
+        except ClientGone:
+            return gone("access")
+        if state["access_in_flight"] >= limits.max_access_in_flight:
+            return shed("access", "access_busy", f"{limits.max_access_in_flight} /access requests "
+                        "are in flight already; retry later", 1)
+        state["access_in_flight"] += 1
+        try:
+            unique = list(dict.fromkeys(keys))  # each distinct key is looked up once
+            found = await asyncio.to_thread(retriever.access, **{key: unique})
+            by_key = dict(zip(unique, found, strict=True))
+            articles, duplicate_of = dedupe_articles([by_key[k] for k in keys], key=lambda p: p.id)
+        except Exception:  # noqa: BLE001
+            return internal_error("access")
+        finally:
+            state["access_in_flight"] -= 1
+        total = sum(len(a) for a in articles)
+        if total > limits.max_access_passages:
+            e = BadRequest(422, f"the articles asked for hold {total} passages, over the limit of "
+                           f"{limits.max_access_passages} per response; ask for fewer at a time",
+                           "access_too_large")
+            return error("access", e)
+        body: dict[str, Any] = {"result": [[p.to_dict() for p in art] for art in articles]}
+        if duplicate_of:
+            body["duplicate_of"] = duplicate_of
         metrics.requests.labels("access", "200").inc()
         metrics.latency.labels("access").observe(time.perf_counter() - t0)
-        return JSONResponse({"result": [[p.to_dict() for p in art] for art in articles]})
+        return _json_response(body)
+
+    def status_body() -> dict[str, Any]:
+        b = state["batcher"]
+        status = "starting" if not state["ready"] else "saturated" if saturated() else "ready"
+        return {"status": status, "batching": limits.batching, "workers": limits.workers,
+                "encoder_backend": encoder_backend,
+                "queue_queries": b.queued_queries if b else 0,
+                "max_queue_queries": limits.max_queue_queries,
+                "index": manifest_summary(manifest)}
 
     @app.get("/health")
     async def health() -> Response:
-        ready = bool(state["ready"])
-        return JSONResponse({"status": "ready" if ready else "starting", "batching": limits.batching,
-                             "index": manifest_summary(manifest)}, status_code=200 if ready else 503)
+        # Liveness: the process answers. A saturated server is alive (restarting it would
+        # lose the loaded index and make the overload worse); readiness is /ready.
+        return JSONResponse(status_body(), status_code=200 if state["ready"] else 503)
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        body = status_body()
+        if body["status"] == "ready":
+            return JSONResponse(body)
+        retry = batcher().retry_after_s() if state["batcher"] is not None else 1
+        return JSONResponse(body, status_code=503, headers={"Retry-After": str(retry)})
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -372,7 +423,7 @@ def _json_response(body: dict[str, Any]) -> Response:
     """JSON response; orjson when installed (several times faster on large results)."""
     try:
         import orjson
-    except ImportError:
+    except ImportError:  # pragma: no cover
         return JSONResponse(body)
     return Response(orjson.dumps(body), media_type="application/json")
 
@@ -381,6 +432,13 @@ def _item(hit: Hit, with_score: bool) -> dict[str, Any]:
     score = hit.score if math.isfinite(hit.score) else 0.0
     doc = {"id": hit.id, "contents": hit.contents}
     return {"document": doc, "score": score} if with_score else doc
+
+
+def _uvicorn_kwargs(app: Any) -> dict[str, Any]:
+    limits: ServiceLimits | None = getattr(getattr(app, "state", None), "limits", None)
+    # uvicorn answers 503 itself past this many open connections: each one may hold a body
+    # of up to max_body_bytes, so this bounds the memory that waiting bodies take.
+    return {"limit_concurrency": limits.max_connections} if limits is not None else {}
 
 
 class BackgroundServer:
@@ -403,7 +461,8 @@ class BackgroundServer:
         self.host, self.port = host, port
         self.url = f"http://{host}:{port}"
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=graceful_timeout_s, lifespan="on")
+                                timeout_graceful_shutdown=graceful_timeout_s, lifespan="on",
+                                **_uvicorn_kwargs(app))
         self.server = uvicorn.Server(config)
         self._thread: Any = None
 
@@ -432,18 +491,48 @@ class BackgroundServer:
         self.stop()
 
 
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and `localhost`: addresses no other machine can reach."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None, allow_no_token: bool = False) -> None:
+    """Refuse to serve without a token on an address other machines can reach."""
+    if token is None and not allow_no_token and not is_loopback(host):
+        raise ConfigError(
+            f"refusing to serve on {host} without a token: anyone who reaches it could use the "
+            "service. Set MEMPO_RETRIEVER_TOKEN (or --token-file PATH), bind 127.0.0.1, or pass "
+            "--allow-no-token if the network is trusted", field="serve.host")
+
+
 def serve_retriever(index_dir: str, *, host: str = "127.0.0.1", port: int = 8013,
                     encoder: str | None = None, device: str = "cpu",
+                    encoder_backend: str = "torch", encoder_threads: int = 0,
                     limits: ServiceLimits | None = None, log_level: str = "info",
-                    graceful_timeout_s: float = 30.0) -> None:
+                    graceful_timeout_s: float = 30.0, allow_no_token: bool = False) -> None:
     """Load `index_dir` and serve it until SIGINT/SIGTERM (in-flight requests drain first)."""
     import uvicorn
 
-    from mempo.retrieval.index import load_index
+    from mempo.retrieval.encoder import Encoder
+    from mempo.retrieval.index import load_index, read_manifest
 
-    retriever = load_index(index_dir, encoder=encoder, device=device)
+    limits = limits or ServiceLimits()
+    check_bind(host, limits.token, allow_no_token)
+    manifest = read_manifest(index_dir)
+    query_encoder: Any = encoder
+    if manifest["method"] == "dense":
+        built = manifest["encoder"]
+        query_encoder = Encoder(encoder or built.get("source") or built["name"], device=device,
+                                backend=encoder_backend, threads=encoder_threads)
+    retriever = load_index(index_dir, encoder=query_encoder, device=device)
     app = create_app(retriever, limits, retriever.manifest)
-    log.info("serving %s on http://%s:%d", index_dir, host, port)
+    log.info("serving %s on http://%s:%d (%s)", index_dir, host, port,
+             "token required" if limits.token else "no token")
 
     def stopped(signum: int, frame: Any) -> None:
         # uvicorn drains in-flight requests, restores this handler and re-raises SIGTERM:
@@ -453,7 +542,7 @@ def serve_retriever(index_dir: str, *, host: str = "127.0.0.1", port: int = 8013
     previous = signal.signal(signal.SIGTERM, stopped)
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                    timeout_graceful_shutdown=graceful_timeout_s)
+                    timeout_graceful_shutdown=graceful_timeout_s, **_uvicorn_kwargs(app))
     finally:
         signal.signal(signal.SIGTERM, previous)
         retriever.close()
