@@ -170,8 +170,10 @@ def write_plots(
     return out
 
 
-def _md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+def _md_table(header: Sequence[str], body: Sequence[Sequence[str]], left: int = 1) -> list[str]:
+    """A Markdown table; the first `left` columns (text) are left-aligned, the rest (numbers) right."""
+    rule = [":---" if i < left else "---:" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in body]
     return lines
 
@@ -230,14 +232,16 @@ def _example_lines(rows: Sequence[Mapping[str, Any]], agents: Sequence[str], ben
             if len(turns) > max_turns:
                 body.append(["…", f"{len(turns) - max_turns} more turns", "", ""])
             if body:
-                lines += _md_table(["turn", "memory", "action", "titles found"], body) + [""]
+                lines += _md_table(["turn", "memory", "action", "titles found"], body, left=4) + [""]
     return lines
 
 
 def _cell(text: Any, limit: int = 400) -> str:
     """Text safe for a Markdown table cell, cut at `limit` characters."""
-    s = " ".join(str(text or "").split()).replace("|", "\\|")
-    return s if len(s) <= limit else s[:limit] + " …"
+    s = " ".join(str(text or "").split())
+    s = s if len(s) <= limit else s[:limit] + " …"
+    # tags in model text and format errors ("no <mem> ... </mem>") must show, not become HTML
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
 
 
 def render_markdown(
@@ -270,11 +274,11 @@ def render_markdown(
     own = [a for a in agents if _own_format(a, policies) is not False]
     cross = [a for a in agents if _own_format(a, policies) is False]
     lines += ["## EM: trained policies, each in its own format", ""]
-    lines += _md_table(summary_header, _summary_rows(table, own, benches, policies))
+    lines += _md_table(summary_header, _summary_rows(table, own, benches, policies), left=2)
     lines.append("")
     if cross:
         lines += ["## EM: cross-format rows (the policy was trained for another format)", ""]
-        lines += _md_table(summary_header, _summary_rows(table, cross, benches, policies))
+        lines += _md_table(summary_header, _summary_rows(table, cross, benches, policies), left=2)
         lines.append("")
     for bench in benches:
         present = {m for a in agents for m in table[a].get(bench, {})}
@@ -320,7 +324,7 @@ def parse_report_tables(markdown_text: str) -> dict[str, str]:
             bench = m.group(1) if m and m.group(1) not in ("EM:", "Plots", "Example") else None
             header = None
             continue
-        if bench is None or not line.startswith("|") or line.startswith("|---"):
+        if bench is None or not line.startswith("|") or re.match(r"^\|:?-", line):
             if not line.strip():
                 header = None  # a blank line ends a table; the next one has its own header
             continue
