@@ -5,7 +5,7 @@ Config only (see dags/mempo_dag_common.py). The new index is built into
 and, in kubernetes mode, restarts the shared `mempo-retriever` Deployment, whose pods load
 `current` and only become Ready once `/health` answers (a rolling update: no downtime).
 
-    airflow dags test mempo_index -c '{"corpus": "outputs/world/corpus.jsonl", "index_root": "/tmp/idx"}'
+    airflow dags test mempo_index -c '{"corpus": "data/world/corpus.jsonl", "index_root": "/tmp/idx"}'
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ or in the stage's image by a KubernetesPodOperator (`MEMPO_AIRFLOW_MODE=kubernet
 Each run writes under its own folder `<workdir>/<run_id>/`; the retrieval service is the
 shared `mempo-retriever` Service (containers/retriever/k8s/), or an index folder locally.
 
-    airflow dags test mempo_retrain -c '{"workdir": "/tmp/runs", "qa_dir": "outputs/world/qa", ...}'
+    airflow dags test mempo_retrain -c '{"workdir": "/tmp/runs", "qa_dir": "data/world/qa", ...}'
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Atomic outputs: a stage writes to a temporary sibling path and renames it into place, so a
 killed stage leaves either the old output or nothing, never half a file or half a folder.
 
-    with atomic_path("outputs/world/corpus.jsonl") as tmp:   # a file
+    with atomic_path("data/world/corpus.jsonl") as tmp:   # a file
         write(tmp)
     with atomic_dir("outputs/index") as tmp:                 # a whole folder
         build_into(tmp)

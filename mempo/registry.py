@@ -516,7 +516,7 @@ def read_registered(path: str | Path) -> tuple[str, str]:
 
 
 def parse_data_args(items: Sequence[str]) -> dict[str, str]:
-    """`["train=outputs/data", ...]` -> `{"train": "outputs/data"}`; a bad item is a MempoError."""
+    """`["train=data/prepared", ...]` -> `{"train": "data/prepared"}`; a bad item is a MempoError."""
     out: dict[str, str] = {}
     for item in items:
         if "=" not in item:

@@ -154,7 +154,7 @@ def test_airflow_dags_test_mempo_retrain_on_the_tiny_world(tiny_project: dict, t
     _run([str(BIN / "airflow"), "db", "migrate"], tmp_path, **env)
     conf = {
         "workdir": str(tmp_path / "runs"), "project_dir": str(root), "params_file": "params.yaml",
-        "qa_dir": str(root / "outputs" / "world" / "qa"), "init_model": str(root / "outputs" / "sft" / "model"),
+        "qa_dir": str(root / "data" / "world" / "qa"), "init_model": str(root / "outputs" / "sft" / "model"),
         "retriever": str(root / "outputs" / "index"), "eval_limit": 2,
     }
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """The local GRPO + memory-advantage trainer (MemPO), single process, CPU or one GPU.
 
-    mempo train grpo --policy outputs/sft/model --data outputs/data --retriever outputs/index \
+    mempo train grpo --policy outputs/sft/model --data data/prepared --retriever outputs/index \
         --out outputs/train
     mempo --set train.lambda_mem=0 train grpo ...       # plain GRPO (no memory advantage)
 
