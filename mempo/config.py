@@ -131,6 +131,8 @@ class RegisterParams(Section):
     model_name: str = Field("mempo-agent", min_length=1)
     model_dir: str = "outputs/train/model"
     metrics: str = "outputs/eval/metrics.json"
+    train_metrics: str = ""   # "" = metrics.json beside model_dir (the train stage's own)
+    headline: str = ""        # "" = <out>/headline.json
     # Inputs whose versions (DVC md5 or sha256) become `data.<name>.*` version tags.
     data: dict[str, str] = Field(
         default_factory=lambda: {"world": "data/world", "train_data": "data/prepared"}
@@ -151,6 +153,8 @@ class PromoteParams(Section):
     required_benchmarks: list[str] = Field(default_factory=lambda: ["world"])
     benchmark_metric: str = "memory/{benchmark}/em"
     floors: dict[str, float] = Field(default_factory=dict)
+    min_eval_n: int = Field(1, ge=1)
+    same_eval_set: bool = True
     lock_wait_s: float = Field(120.0, gt=0.0)
     out: str = "outputs/promote"
 
@@ -294,6 +298,7 @@ class PipelineParams(Section):
     retriever_host: str = "127.0.0.1"
     retriever_start_timeout_s: float = Field(300.0, gt=0.0)
     promote: bool = True
+    push: bool = True
 
 
 class IndexParams(Section):
