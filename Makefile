@@ -15,7 +15,7 @@ export DVC_NO_ANALYTICS := 1
 export MLFLOW_ENABLE_ASYNC_LOGGING := false
 LINT_PATHS = $(wildcard mempo tests benchmarks components pipelines dags)
 
-.PHONY: help setup run test test-fast bench bench-quick lint format compile clean lock train-verl
+.PHONY: help setup run ablate test test-fast bench bench-quick lint format compile clean lock train-verl
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-12s\033[0m %s\n",$$1,$$2}'
@@ -32,6 +32,9 @@ setup: $(STAMP) ## create .venv with the pinned versions (idempotent; fast when 
 
 run: setup ## run the whole pipeline on the bundled default, on CPU (dvc repro)
 	$(BIN)/mempo pipeline run
+
+ablate: setup ## ablations as DVC experiments on the tiny profile (lambda_mem=0, mempo.eps, mempo.form), then dvc exp show; ABLATE_ARGS="--only no-mem-adv --profile none"
+	$(BIN)/python -m mempo.ablation $(ABLATE_ARGS)
 
 test: setup ## run the test suite (MEMPO_FAST=1 skips tests marked slow)
 	$(BIN)/python -m pytest $(if $(MEMPO_FAST),-m "not slow",) $(PYTEST_ARGS)
