@@ -79,7 +79,7 @@ def experiment_commands(
 
 def show_command(dvc: str = "dvc") -> list[str]:
     """`dvc exp show` narrowed to the ablated params and the headline metrics."""
-    return [dvc, "exp", "show", "--no-pager", "--drop", ".*", "--keep", SHOW_KEEP]
+    return [dvc, "exp", "show", "--no-pager", "--md", "--drop", ".*", "--keep", SHOW_KEEP]
 
 
 def _env(root: Path) -> dict[str, str]:
