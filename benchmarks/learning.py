@@ -1,22 +1,35 @@
-"""Does the method learn? Untrained vs SFT vs SFT+GRPO (lambda_mem=0) vs SFT+MemPO (lambda_mem=1).
+"""Does MemPO's memory advantage help? The paired learning study on the knowledge world.
 
-    .venv/bin/python benchmarks/learning.py --quick          # 1 seed, small budgets
-    .venv/bin/python benchmarks/learning.py                  # the issue's protocol (~1 h on 2 CPUs)
-    .venv/bin/python benchmarks/learning.py --seeds 0 1 2 --sft-steps 1000 --rl-steps 30
+    .venv/bin/python benchmarks/learning.py --quick     # 2 seeds, small budgets (<= 15 min on 2 cores)
+    .venv/bin/python benchmarks/learning.py             # the protocol: 5 seeds (<= 2 h on 2 cores)
+    .venv/bin/python benchmarks/learning.py --seeds 0 1 2 3 4 5 6 --rl-steps 120
 
-Protocol (issue 5): the knowledge world (size `small` by default) has entity-disjoint
-question sets: SFT learns from train questions of part `sft`, RL from part `rl`, and the
-evaluation uses the held-out test split (its subjects appear in neither). Per seed:
-bootstrap the tiny policy (init seed = seed) -> evaluate it untrained -> SFT for
-`--sft-steps` (stopped mid-curve on purpose, so RL has room) -> from that same SFT
-checkpoint, GRPO with lambda_mem=0 and MemPO with lambda_mem=1, each for `--rl-steps` steps
-with identical budgets (B, n, max tokens) -> greedy evaluation of every model on the same
-test questions: single questions and k=4 tasks composed from other test questions.
+Variants (every one trained from this repository's params.yaml, only the keys below changed):
 
-Writes benchmarks/results/learning.json (mean, spread and per-seed values of EM, F1 and
-prompt tokens per turn for each variant, ratios vs SFT, the memory-scoring share of the
-MemPO step time, timings) and benchmarks/results/learning_curves.png (RL reward per step,
-mean over seeds). Prints a table. Everything runs on the CPU (`--device` to change).
+    untrained   the bootstrapped tiny policy (copy warm-up only), memory agent
+    sft         the memory-format SFT cold start (teacher episodes k = 1..4), memory agent
+    sft_full    the same teacher episodes rendered with the whole history, full-context agent
+    grpo        sft + GRPO without the memory advantage (lambda_mem 0, MEM1 style)
+    mempo       sft + GRPO + A^M with the method's reward (eps full_context, form logprob)
+    mempo_prev  ablation: sft + GRPO + A^M with eps previous, form prob
+    full        sft_full + GRPO in the full-history format (Search-R1 style)
+
+Protocol: the small world's entity-disjoint splits. The scripted teacher solves train
+questions of part `sft` (and k = 2..4 compositions of them) once; both SFT policies learn
+from those same episodes, for the same number of steps. RL runs on the data stage's mixture
+(part `rl` singles + k = 2 compositions), every RL variant with the same budget (steps, B x n
+rollouts, LR, max tokens) from the same SFT checkpoint of its format, and seeds paired: seed
+s of every variant sees the same task order. Evaluation is `mempo eval`'s own code
+(`mempo.evaluation.runner.evaluate_items`), greedy, on the held-out test split: the same
+singles, world-k2 and world-k4 tasks for every variant (the untrained policy, which rambles
+to the turn cap, on the first `--untrained-n` of each).
+
+Reported per variant and k: EM, objective EM, forgetting rate, format validity, peak and
+mean prompt tokens per turn; the paired MemPO - GRPO difference per k with a bootstrap 95%
+interval (tasks and seeds resampled); RL reward curves (mean over seeds) and EM against k as
+PNGs. Writes benchmarks/results/learning.json, learning_curves.png, learning_em_vs_k.png.
+Jobs run in `--jobs` single-threaded processes; a finished job's result is kept in
+`--workdir`, so a killed study resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -28,282 +41,404 @@ import os
 import statistics
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 PARAMS = REPO / "params.yaml"
-VARIANTS = ["untrained", "sft", "grpo", "mempo"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# RL variants: (start policy format, params overrides on top of params.yaml).
+RL_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "grpo": ("memory", {"train.lambda_mem": 0.0}),
+    "mempo": ("memory", {"train.lambda_mem": 1.0, "mempo.eps": "full_context", "mempo.form": "logprob"}),
+    "mempo_prev": ("memory", {"train.lambda_mem": 1.0, "mempo.eps": "previous", "mempo.form": "prob"}),
+    "full": ("full", {"train.lambda_mem": 0.0, "agent.context": "full"}),
+}
+AGENT_OF_FORMAT = {"memory": "memory", "full": "full_context"}
+BENCHES = ("single", "k2", "k4")
+REPORTED = ("em", "objective_em", "all_correct", "forgetting_rate", "format_valid", "peak_prompt_tokens",
+            "mean_prompt_tokens", "turns")
+
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1 seed, short SFT/RL, fewer test questions")
+    ap.add_argument("--quick", action="store_true", help="2 seeds, short budgets, fewer test tasks")
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
-    ap.add_argument("--world-size", default="small", choices=["tiny", "small", "medium"])
-    ap.add_argument("--sft-steps", type=int, default=None, help="SFT optimiser steps (batch 16)")
-    ap.add_argument("--rl-steps", type=int, default=None, help="GRPO / MemPO steps each")
+    ap.add_argument("--variants", nargs="+", default=None, choices=list(RL_VARIANTS),
+                    help="RL variants (default: all)")
+    ap.add_argument("--sft-steps", type=int, default=None, help="SFT optimiser steps (each format, batch 16)")
+    ap.add_argument("--rl-steps", type=int, default=None, help="RL steps of every RL variant")
     ap.add_argument("--batch-questions", type=int, default=None)
     ap.add_argument("--n-rollouts", type=int, default=4)
-    ap.add_argument("--eval-questions", type=int, default=None, help="held-out single questions")
-    ap.add_argument("--eval-k4", type=int, default=None, help="held-out k=4 tasks")
-    ap.add_argument("--untrained-questions", type=int, default=None,
-                    help="the untrained policy rambles to the turn limit; evaluate it on fewer")
+    ap.add_argument("--eval-single", type=int, default=None)
+    ap.add_argument("--eval-k2", type=int, default=None)
+    ap.add_argument("--eval-k4", type=int, default=None)
+    ap.add_argument("--untrained-n", type=int, default=None, help="tasks per set for the untrained policy")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel single-threaded processes")
+    ap.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the intervals")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--jobs", type=int, default=None, help="seeds run in parallel processes (default: all)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads (1: no OpenMP stalls when the cores are shared)")
     ap.add_argument("--workdir", default=str(REPO / "outputs" / "bench-learning"))
     ap.add_argument("--out", default=str(RESULTS / "learning.json"))
     a = ap.parse_args(argv)
-    quick = a.quick
-    a.seeds = a.seeds or ([0] if quick else [0, 1, 2])
-    a.jobs = a.jobs or len(a.seeds)
-    # --quick is sized to finish in well under an hour on 2 shared CPU cores.
-    # SFT is stopped mid-curve on purpose (greedy held-out EM ~0.2-0.5 at 500-1,000 steps on the
-    # small world), so GRPO and MemPO have groups with outcome signal and room to improve
-    a.sft_steps = a.sft_steps or (500 if quick else 700)
-    a.rl_steps = a.rl_steps or (6 if quick else 20)
-    a.batch_questions = a.batch_questions or (4 if quick else 8)
-    a.eval_questions = a.eval_questions or (100 if quick else 500)
-    a.eval_k4 = a.eval_k4 if a.eval_k4 is not None else (10 if quick else 125)
-    a.untrained_questions = a.untrained_questions or (30 if quick else 100)
+    q = a.quick
+    a.seeds = a.seeds or ([0, 1] if q else [0, 1, 2, 3, 4])
+    a.variants = a.variants or list(RL_VARIANTS)
+    a.sft_steps = a.sft_steps or (300 if q else 1500)
+    a.rl_steps = a.rl_steps or (8 if q else 60)
+    a.batch_questions = a.batch_questions or (4 if q else 8)
+    a.eval_single = a.eval_single or (60 if q else 500)
+    a.eval_k2 = a.eval_k2 or (30 if q else 200)
+    a.eval_k4 = a.eval_k4 or (15 if q else 100)
+    a.untrained_n = a.untrained_n or (10 if q else 50)
+    a.workdir = Path(a.workdir) / ("quick" if q else "full")
     return a
 
 
-def _stats(values: list[float]) -> dict[str, Any]:
-    return {"mean": statistics.fmean(values) if values else None,
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "per_seed": values}
+# ---------------------------------------------------------------------------- shared inputs
 
 
-def _evaluate(model_dir: Path, tasks: dict[str, list[Any]], corpus: Path, params: Any, device: str,
-              limit: int | None = None) -> dict[str, dict[str, float]]:
-    """Greedy episodes on each task set; EM, F1, format validity, turns, prompt tokens per turn."""
+def _params(overrides: dict[str, Any]) -> Any:
+    from mempo.config import load_params
+
+    return load_params(PARAMS, overrides)
+
+
+def prepare_inputs(a: argparse.Namespace) -> dict[str, Path]:
+    """World, RL data (the data stage's mixture), bootstrapped policy and the teacher's SFT
+    episodes, each built once into the workdir (kept across runs)."""
+    from mempo.data.prepare import prepare_data
+    from mempo.policy.bootstrap import bootstrap_policy
+    from mempo.world import generate_world
+
+    w = Path(a.workdir)
+    world, data, policy, teach = w / "world", w / "data", w / "policy", w / "teacher"
+    p0 = _params({})
+    if not (world / "manifest.json").exists():
+        generate_world(world, size=p0.world.size, seed=p0.world.seed)
+    corpus = world / "corpus.jsonl"
+    if not (data / "train.parquet").exists():
+        prepare_data(_params({
+            "data.sources": [{"name": "world", "path": str(world / "qa" / "train.jsonl"), "split": "train"},
+                             {"name": "world", "path": str(world / "qa" / "val.jsonl"), "split": "val"}],
+            "data.eval_sets": [str(world / "qa" / "test.jsonl")], "data.out": str(data), "data.gate": False}).data)
+    if not (policy / "config.json").exists():
+        bootstrap_policy(_params({"policy.out": str(policy), "policy.corpus": str(corpus),
+                                  "policy.questions": [str(world / "qa" / "train.jsonl")]}).policy)
+    if not (teach / "train_episodes.jsonl").exists():
+        _teacher_episodes(world, corpus, policy, teach)
+    return {"world": world, "corpus": corpus, "data": data, "policy": policy, "teacher": teach}
+
+
+def _teacher_episodes(world: Path, corpus: Path, policy: Path, out: Path) -> None:
+    from mempo.io import write_jsonl
     from mempo.retrieval import open_retriever
-    from mempo.training.grpo import evaluate_tasks, make_rollout_setup
-    from mempo.training.runtime import load_policy, resolve_device
+    from mempo.training.runtime import load_policy
+    from mempo.training.sft import name_word_pool, sft_tasks, teacher_episodes
 
-    model, tok = load_policy(model_dir, resolve_device(device))
-    out: dict[str, dict[str, float]] = {}
+    p = _params({})
+    s = p.sft
+    _, tok = load_policy(policy, "cpu")
     with open_retriever(str(corpus)) as retriever:
-        for name, items in tasks.items():
-            k = 4 if name == "k4" else 1
-            # the eval stage's turn budget (eval.max_turns per objective, capped): a 4-hop single
-            # question needs 5 turns, so the former 2k+2 scored those wrong whatever the policy did
-            turns = min(params.eval.max_turns * k, params.eval.max_turns_cap)
-            tp = params.train.model_copy(update={"max_turns": turns, "max_new_tokens": 64 + 32 * k})
-            setup = make_rollout_setup(retriever, tok, params.agent, tp, greedy=True)
-            subset = items[:limit] if limit else items
-            t0 = time.perf_counter()
-            out[name] = evaluate_tasks(model, tok, subset, setup, 64, params.mempo.multi_rule)
-            out[name]["n"] = len(subset)
-            print(f"  eval {model_dir.parent.name}/{model_dir.name} {name}: n={len(subset)} "
-                  f"EM {out[name]['em']:.3f} F1 {out[name]['f1']:.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
-    return out
+        pool = name_word_pool(corpus) if s.rename_entities > 0 else None
+        train = sft_tasks(world, "train", s.part or None, s.max_questions, s.multi_k, s.multi_tasks, s.seed)
+        val = sft_tasks(world, "val", None, s.val_questions, s.val_multi_k, s.val_multi_tasks, s.seed)
+        tr, stats = teacher_episodes(train, retriever, tok, p.agent, p.mempo.multi_rule, s.rename_entities, s.seed, pool)
+        va, _ = teacher_episodes(val, retriever, tok, p.agent, p.mempo.multi_rule)
+    write_jsonl(out / "val_episodes.jsonl", (r.to_dict() for r in va))
+    write_jsonl(out / "train_episodes.jsonl", (r.to_dict() for r in tr))
+    print(f"teacher: {stats['correct']}/{stats['episodes']} episodes correct", flush=True)
 
 
-def run_seed(seed: int, a: argparse.Namespace, world: Path, data: Path, tasks: dict[str, list[Any]]) -> dict[str, Any]:
-    """Untrained -> SFT -> GRPO / MemPO for one seed; evaluated on `tasks`. Also written to
-    WORKDIR/seed-N/result.json."""
+def test_tasks(world: Path, a: argparse.Namespace) -> dict[str, list[Any]]:
+    """The held-out test sets every variant is evaluated on (the eval stage's composition)."""
+    from mempo.evaluation.benchmarks import load_benchmark
+
+    paths = {"world": str(world / "qa" / "test.jsonl")}
+    seed = _params({}).eval.seed
+    return {"single": load_benchmark("world", paths, limit=a.eval_single, seed=seed),
+            "k2": load_benchmark("world-k2", paths, limit=a.eval_k2, seed=seed),
+            "k4": load_benchmark("world-k4", paths, limit=a.eval_k4, seed=seed)}
+
+
+# ---------------------------------------------------------------------------- jobs (subprocesses)
+
+
+def _quiet() -> None:
     import torch
 
-    torch.set_num_threads(a.threads)
-    from mempo.config import load_params
-    from mempo.io import write_json
-    from mempo.policy.bootstrap import bootstrap_policy
-    from mempo.training.grpo import run_grpo
-    from mempo.training.sft import run_sft
+    torch.set_num_threads(1)
+    os.environ["MEMPO_TRACKING"] = "0"  # the benchmark measures; the pipeline tracks
+    logging.basicConfig(level=logging.WARNING)
+    for name in ("mempo", "httpx"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
-    corpus = world / "corpus.jsonl"
-    sd = Path(a.workdir) / f"seed-{seed}"
-    res: dict[str, dict[str, float]] = {v: {} for v in VARIANTS}
-    out: dict[str, Any] = {"seed": seed, "results": res, "curves": {}, "timings": {}, "step_times": {}}
 
-    def record(variant: str, ev: dict[str, dict[str, float]]) -> None:
-        for split, m in ev.items():
-            for key in ("em", "f1", "format_valid", "turns", "prompt_tokens_per_turn"):
-                res[variant][f"{split}_{key}"] = m[key]
+def evaluate_model(model_dir: Path, agent: str, tasks: dict[str, list[Any]], corpus: Path,
+                   device: str) -> dict[str, Any]:
+    """Greedy evaluation through `mempo eval`'s code: per set, aggregates and per-task values."""
+    from mempo.evaluation.metrics import aggregate_pair
+    from mempo.evaluation.runner import EvalSettings, evaluate_items, load_engine
 
-    t0 = time.perf_counter()
-    # the repository's params.yaml (what `make run` uses), with this seed and these paths
-    bootstrap_policy(load_params(PARAMS, {"policy.kind": "tiny", "policy.out": str(sd / "policy"),
-                                          "policy.corpus": str(corpus), "policy.seed": seed,
-                                          "policy.questions": [str(world / "qa" / "train.jsonl")]}).policy)
-    base = {"sft.world": str(world), "sft.retriever": str(corpus), "train.data": str(data),
-            "train.retriever": str(corpus), "sft.seed": seed, "train.seed": seed,
-            "sft.device": a.device, "train.device": a.device,
-            "sft.threads": a.threads, "train.threads": a.threads}
-    params = load_params(PARAMS, {**base})
-    record("untrained", _evaluate(sd / "policy", tasks, corpus, params, a.device, a.untrained_questions))
-    out["timings"]["untrained_eval_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    sp = load_params(PARAMS, {**base, "sft.policy": str(sd / "policy"), "sft.out": str(sd / "sft"),
-                            "sft.max_steps": a.sft_steps, "sft.max_questions": 16 * a.sft_steps // 2,
-                            "sft.multi_tasks": max(a.sft_steps // 4, 10), "sft.resume": "never"})
-    sft_metrics = run_sft(sp, tracking=False)
-    print(f"  seed {seed} sft: {sft_metrics['steps']} steps, val loss {sft_metrics['final_val_loss']:.3f} "
-          f"({time.perf_counter() - t0:.0f}s)", flush=True)
-    out["timings"]["sft_train_s"] = time.perf_counter() - t0
-    record("sft", _evaluate(sd / "sft" / "model", tasks, corpus, params, a.device))
-
-    for variant, lam in (("grpo", 0.0), ("mempo", 1.0)):
-        t0 = time.perf_counter()
-        tp = load_params(PARAMS, {**base, "train.policy": str(sd / "sft" / "model"),
-                                "train.out": str(sd / variant), "train.steps": a.rl_steps,
-                                "train.batch_questions": a.batch_questions, "train.n_rollouts": a.n_rollouts,
-                                "train.lambda_mem": lam, "train.resume": "never",
-                                "train.checkpoint_every": 10_000})
-        m = run_grpo(tp, tracking=False)
-        print(f"  seed {seed} {variant}: {m['steps']} steps, {m['mean_time_step']:.1f}s/step, "
-              f"mem scoring share {m['mem_scoring_share']:.3f}", flush=True)
-        out["timings"][f"{variant}_train_s"] = time.perf_counter() - t0
-        out["curves"][variant] = [json.loads(x) for x in (sd / variant / "history.jsonl").read_text().splitlines()]
-        out["step_times"][f"{variant}_step_s"] = m["mean_time_step"]
-        if variant == "mempo":
-            out["mem_share"] = m["mem_scoring_share"]
-        record(variant, _evaluate(sd / variant / "model", tasks, corpus, params, a.device))
-    print(f"seed {seed} done: " + ", ".join(
-        f"{v} EM {res[v]['single_em']:.3f}/{res[v]['k4_em']:.3f}" for v in VARIANTS), flush=True)
-    write_json(sd / "result.json", out)
+    p = _params({"eval.memory_probe": False, "eval.concurrency": 64, "eval.device": device})
+    settings = EvalSettings.from_params(p.eval)
+    engine = load_engine(model_dir, model_dir, device=device, retriever=str(corpus), concurrency=64,
+                         load_model_for_probe=False)
+    try:
+        rows = evaluate_items(tasks, [agent], engine, settings)
+    finally:
+        engine.retriever.close()
+    out: dict[str, Any] = {}
+    for bench in tasks:
+        part = [r for r in rows if r["benchmark"] == bench]
+        agg = aggregate_pair(part)
+        agg["mean_prompt_tokens"] = statistics.fmean(
+            n for r in part for n in r["prompt_tokens_by_turn"]) if part else 0.0
+        per_task = {r["id"]: {m: (None if _nan(r.get(m)) else float(r[m]))
+                              for m in ("em", "objective_em", "forgetting_rate")} for r in part}
+        out[bench] = {"aggregate": agg, "per_task": per_task}
     return out
 
 
-def observations(out: dict[str, Any], curves: dict[str, list[list[dict[str, float]]]]) -> list[str]:
-    """Plain-language reading of the numbers, so the JSON is honest on its own."""
-    notes = []
-    res = out["results"]
-    if (res["sft"]["single_em"]["mean"] or 0.0) == 0.0:
-        notes.append("SFT left test EM at 0 (the SFT budget was too small to reach the mid-curve "
-                     "EM 0.3-0.7 the protocol needs); raise --sft-steps.")
-    for v in ("grpo", "mempo"):
-        kls = [h[-1].get("kl", 0.0) for h in curves[v] if h]
-        signal = [statistics.fmean(r.get("groups_with_signal", 0.0) for r in h) for h in curves[v] if h]
-        if kls:
-            notes.append(f"{v}: final KL to the start policy {statistics.fmean(kls):.4f}, share of task groups "
-                         f"with reward variance {statistics.fmean(signal):.3f} (0 = no outcome signal).")
-    return notes
+def _nan(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and x != x)
+
+
+def job_sft(context: str, a: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
+    """SFT of one format from the shared teacher episodes; then evaluated."""
+    _quiet()
+    from mempo.training.sft import run_sft
+
+    out = Path(a.workdir) / f"sft-{context}"
+    t0 = time.perf_counter()
+    m = run_sft(_params({
+        "agent.context": context, "sft.policy": str(inputs["policy"]), "sft.out": str(out),
+        "sft.trajectories": str(inputs["teacher"] / "train_episodes.jsonl"),
+        "sft.val_trajectories": str(inputs["teacher"] / "val_episodes.jsonl"),
+        "sft.max_steps": a.sft_steps, "sft.resume": "auto", "sft.device": a.device,
+        "sft.max_tokens": 4096 if context == "full" else _params({}).sft.max_tokens}), tracking=False)
+    train_s = time.perf_counter() - t0
+    ev = evaluate_model(out / "model", AGENT_OF_FORMAT[context], test_tasks(inputs["world"], a), inputs["corpus"],
+                        a.device)
+    return {"train_seconds": train_s, "sft": {k: m[k] for k in ("steps", "train_samples", "final_val_loss",
+                                                              "tokens_per_s")},
+            "eval": ev, "eval_seconds": time.perf_counter() - t0 - train_s}
+
+
+def job_rl(variant: str, seed: int, a: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
+    """One RL variant for one seed, from its format's SFT checkpoint; then evaluated."""
+    _quiet()
+    from mempo.training.grpo import run_grpo
+
+    fmt, over = RL_VARIANTS[variant]
+    out = Path(a.workdir) / f"rl-{variant}-seed{seed}"
+    t0 = time.perf_counter()
+    m = run_grpo(_params({
+        **over, "train.policy": str(Path(a.workdir) / f"sft-{fmt}" / "model"), "train.out": str(out),
+        "train.data": str(inputs["data"]), "train.retriever": str(inputs["corpus"]), "train.seed": seed,
+        "train.steps": a.rl_steps, "train.batch_questions": a.batch_questions, "train.n_rollouts": a.n_rollouts,
+        "train.resume": "auto", "train.checkpoint_every": 10, "train.device": a.device}), tracking=False)
+    train_s = time.perf_counter() - t0
+    history = [json.loads(x) for x in (out / "history.jsonl").read_text().splitlines()]
+    ev = evaluate_model(out / "model", AGENT_OF_FORMAT[fmt], test_tasks(inputs["world"], a), inputs["corpus"],
+                        a.device)
+    return {"train_seconds": train_s, "eval_seconds": time.perf_counter() - t0 - train_s,
+            "mean_time_step": m["mean_time_step"], "mem_scoring_share": m["mem_scoring_share"],
+            "curve": [{k: r.get(k) for k in ("step", "reward_mean", "em", "format_valid", "kl", "forgetting_rate",
+                                             "groups_with_signal", "time_step")} for r in history],
+            "eval": ev}
+
+
+def job_untrained(a: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
+    _quiet()
+    tasks = {b: v[:a.untrained_n] for b, v in test_tasks(inputs["world"], a).items()}
+    t0 = time.perf_counter()
+    return {"eval": evaluate_model(inputs["policy"], "memory", tasks, inputs["corpus"], a.device),
+            "eval_seconds": time.perf_counter() - t0}
+
+
+def _run_job(kind: str, key: str, a: argparse.Namespace, inputs: dict[str, Path], *args: Any) -> tuple[str, Any]:
+    """Run a job unless its result file exists (resume); returns (key, result)."""
+    f = Path(a.workdir) / "results" / f"{key}.json"
+    if f.exists():
+        return key, json.loads(f.read_text())
+    fn = {"sft": job_sft, "rl": job_rl, "untrained": job_untrained}[kind]
+    res = fn(*args, a, inputs)
+    from mempo.io import write_json
+
+    write_json(f, res)
+    return key, res
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+def _stats(values: list[float]) -> dict[str, Any]:
+    vals = [v for v in values if v is not None]
+    return {"mean": statistics.fmean(vals) if vals else None,
+            "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "per_seed": values}
+
+
+def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
+    """The JSON written to `--out`: per variant and set, per-seed metrics with mean and std;
+    paired differences with intervals; curves; timings."""
+    variants: dict[str, list[dict[str, Any]]] = {
+        "untrained": [results["untrained"]], "sft": [results["sft-memory"]], "sft_full": [results["sft-full"]]}
+    for v in a.variants:
+        variants[v] = [results[f"rl-{v}-seed{s}"] for s in a.seeds]
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for v, runs in variants.items():
+        table[v] = {}
+        for bench in BENCHES:
+            table[v][bench] = {m: _stats([r["eval"][bench]["aggregate"].get(m) for r in runs]) for m in REPORTED}
+            table[v][bench]["n"] = runs[0]["eval"][bench]["aggregate"].get("n")
+    from mempo.evaluation.stats import paired_bootstrap
+
+    paired: dict[str, dict[str, Any]] = {}
+    for name, (x, y) in {"mempo_minus_grpo": ("mempo", "grpo"), "mempo_minus_full": ("mempo", "full"),
+                         "mempo_prev_minus_grpo": ("mempo_prev", "grpo")}.items():
+        if x not in variants or y not in variants:
+            continue
+        paired[name] = {}
+        for bench in BENCHES:
+            for metric in ("em", "objective_em", "forgetting_rate"):
+                key = f"{bench}/{metric}"
+                paired[name][key] = paired_bootstrap(
+                    [{t: d[metric] for t, d in r["eval"][bench]["per_task"].items()} for r in variants[x]],
+                    [{t: d[metric] for t, d in r["eval"][bench]["per_task"].items()} for r in variants[y]],
+                    a.bootstrap)
+    curves = {}
+    for v in a.variants:
+        rows = []
+        for step in range(a.rl_steps):
+            row: dict[str, Any] = {"step": step + 1}
+            for key in ("reward_mean", "em", "format_valid", "kl", "forgetting_rate"):
+                vals = [c["curve"][step].get(key) for c in variants[v] if len(c["curve"]) > step]
+                vals = [x for x in vals if x is not None]
+                if vals:
+                    row[key] = statistics.fmean(vals)
+            rows.append(row)
+        curves[v] = rows
+    flat = {}
+    for v, rows in curves.items():
+        tail = [r["reward_mean"] for r in rows[-max(3, len(rows) // 4):] if "reward_mean" in r]
+        head = [r["reward_mean"] for r in rows[:max(3, len(rows) // 4)] if "reward_mean" in r]
+        mid = [r["reward_mean"] for r in rows[len(rows) // 2 - max(1, len(rows) // 8):len(rows) // 2 + 1]
+               if "reward_mean" in r]
+        flat[v] = {"first_quarter": statistics.fmean(head) if head else None,
+                   "middle": statistics.fmean(mid) if mid else None,
+                   "last_quarter": statistics.fmean(tail) if tail else None}
+    return {
+        "benchmark": "learning", "quick": a.quick,
+        "config": {"seeds": a.seeds, "sft_steps": a.sft_steps, "rl_steps": a.rl_steps,
+                   "batch_questions": a.batch_questions, "n_rollouts": a.n_rollouts,
+                   "eval_tasks": {b: table["sft"][b]["n"] for b in BENCHES}, "untrained_tasks": a.untrained_n,
+                   "sft": "one checkpoint per format (seed 0), shared by the RL seeds",
+                   "policy": "tiny (2 x 128 Qwen2, BPE 1.5k)", "device": a.device},
+        "results": table,
+        "paired": paired,
+        "reward_flattening": flat,
+        "curves": curves,
+        "timings_s": {k: {"train": r.get("train_seconds"), "eval": r.get("eval_seconds")}
+                      for k, r in results.items()},
+        "rl_step_seconds": {v: _stats([r["mean_time_step"] for r in variants[v]]) for v in a.variants},
+        "mem_scoring_share": {v: _stats([r["mem_scoring_share"] for r in variants[v]]) for v in a.variants},
+    }
+
+
+def plots(out: dict[str, Any], out_path: Path) -> None:
+    import matplotlib
+
+    from mempo.training.plots import plot_curves
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = out["curves"]
+    steps = max((len(c) for c in curves.values()), default=0)
+    merged = [{"step": i + 1, **{f"{v}_reward": curves[v][i].get("reward_mean") for v in curves
+                                if len(curves[v]) > i and curves[v][i].get("reward_mean") is not None}}
+              for i in range(steps)]
+    plot_curves(merged, [f"{v}_reward" for v in curves], out_path.with_name("learning_curves.png"),
+                title="RL training reward (mean over seeds)")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    ks = {"single": 1, "k2": 2, "k4": 4}
+    for v, by_bench in out["results"].items():
+        for ax, metric in zip(axes, ("em", "objective_em"), strict=True):
+            pts = [(ks[b], by_bench[b][metric]["mean"]) for b in BENCHES if by_bench[b][metric]["mean"] is not None]
+            if metric == "objective_em":
+                pts = [(1, by_bench["single"]["em"]["mean"])] + [p for p in pts if p[0] > 1]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
+    for ax, title in zip(axes, ("EM (all objectives right)", "objective EM"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([1, 2, 4], ["1", "2", "4"])
+        ax.set_xlabel("objectives per task (k)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize="small")
+    fig.savefig(out_path.with_name("learning_em_vs_k.png"), dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def print_table(out: dict[str, Any]) -> None:
+    head = f"{'variant':<11}" + "".join(f"{b + ' ' + m:>16}" for b in BENCHES for m in ("em", "obj"))
+    print("\n" + head + f"{'forget k4':>11}{'peak tok k4':>12}")
+    for v, by in out["results"].items():
+        cells = ""
+        for b in BENCHES:
+            for m in ("em", "objective_em"):
+                s = by[b][m]
+                cells += f"{'–':>16}" if s["mean"] is None else f"{s['mean']:>10.3f} ±{s['std']:.3f}"
+        f = by["k4"]["forgetting_rate"]["mean"]
+        cells += f"{'–' if f is None else f'{f:.3f}':>11}{by['k4']['peak_prompt_tokens']['mean'] or 0:>12.0f}"
+        print(f"{v:<11}{cells}")
+    for name, per in out["paired"].items():
+        for key, d in per.items():
+            if d and key.rsplit("/", 1)[1] in ("em", "objective_em"):
+                print(f"{name:<22} {key:<18} {d['mean']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]")
 
 
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.path.insert(0, str(REPO))
-    os.environ["MEMPO_TRACKING"] = "0"  # the benchmark measures; the pipeline tracks
-    import torch
+    os.environ["MEMPO_TRACKING"] = "0"
+    import multiprocessing as mp
 
-    torch.set_num_threads(a.threads)
-    from mempo.data.schema import to_verl_row, write_prepared
-    from mempo.datasets import load_qa
-    from mempo.io import write_json
-    from mempo.tasks import compose_multi_objective
-    from mempo.training.plots import plot_curves
-    from mempo.world import generate_world
-
-    work = Path(a.workdir)
-    world = work / f"world-{a.world_size}"
     t_all = time.perf_counter()
-    if not (world / "manifest.json").exists():
-        generate_world(world, size=a.world_size, seed=13)
-    train_qa = load_qa(world / "qa" / "train.jsonl")
-    rl = [q for q in train_qa if q.metadata.get("part") == "rl"]
-    val = load_qa(world / "qa" / "val.jsonl")
-    data = work / "data"
-    write_prepared([to_verl_row(q, data_source="world", split="train", index=i) for i, q in enumerate(rl)],
-                   data / "train.parquet")
-    write_prepared([to_verl_row(q, data_source="world", split="val", index=i) for i, q in enumerate(val)],
-                   data / "val.parquet")
-    test = load_qa(world / "qa" / "test.jsonl")
-    singles = test[:a.eval_questions]
-    k4_pool = test[a.eval_questions:] if len(test) - a.eval_questions >= 4 * a.eval_k4 else test
-    tasks = {"single": singles,
-             "k4": compose_multi_objective(k4_pool, k=4, n_tasks=a.eval_k4, seed=5, id_prefix="bench")}
-
-    if a.jobs > 1 and len(a.seeds) > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        # One single-threaded process per seed: on shared cores this gets more CPU share
-        # than one process, and results do not depend on it (each seed is deterministic).
-        with ProcessPoolExecutor(max_workers=a.jobs, mp_context=mp.get_context("spawn")) as pool:
-            per_seed = list(pool.map(run_seed, a.seeds, [a] * len(a.seeds), [world] * len(a.seeds),
-                                     [data] * len(a.seeds), [tasks] * len(a.seeds)))
-    else:
-        per_seed = [run_seed(seed, a, world, data, tasks) for seed in a.seeds]
-
-    results: dict[str, dict[str, list[float]]] = {v: {} for v in VARIANTS}
-    curves: dict[str, list[list[dict[str, float]]]] = {"grpo": [], "mempo": []}
-    timings: dict[str, list[float]] = {}
-    mem_share: list[float] = []
-    step_times: dict[str, list[float]] = {}
-    for r in per_seed:
-        for v in VARIANTS:
-            for k, val in r["results"][v].items():
-                results[v].setdefault(k, []).append(val)
-        for v in ("grpo", "mempo"):
-            curves[v].append(r["curves"][v])
-        for k, val in r["timings"].items():
-            timings.setdefault(k, []).append(val)
-        for k, val in r["step_times"].items():
-            step_times.setdefault(k, []).append(val)
-        mem_share.append(r["mem_share"])
-
-    summary = {v: {k: _stats(vals) for k, vals in results[v].items()} for v in VARIANTS}
-    sft_em = summary["sft"]["single_em"]["mean"] or 0.0
-    ratios = {v: {"single_em_vs_sft": (summary[v]["single_em"]["mean"] / sft_em) if sft_em else None,
-                  "single_em_minus_sft": summary[v]["single_em"]["mean"] - sft_em}
-              for v in VARIANTS}
-    means = {v: summary[v]["single_em"]["mean"] for v in VARIANTS}
-    out = {
-        "benchmark": "learning",
-        "quick": a.quick,
-        "config": {"seeds": a.seeds, "world_size": a.world_size, "sft_steps": a.sft_steps, "sft_batch": 16,
-                   "rl_steps": a.rl_steps, "batch_questions": a.batch_questions, "n_rollouts": a.n_rollouts,
-                   "eval_single_questions": len(tasks["single"]), "eval_k4_tasks": len(tasks["k4"]),
-                   "untrained_eval_questions": a.untrained_questions, "device": a.device,
-                   "policy": "tiny (2 x 128 Qwen2, BPE 1.5k)"},
-        "results": summary,
-        "ratios_vs_sft": ratios,
-        "mem_scoring_share": _stats(mem_share),
-        "rl_step_seconds": {k: _stats(v) for k, v in step_times.items()},
-        "timings_s": {k: _stats(v) for k, v in timings.items()},
-        "total_seconds": time.perf_counter() - t_all,
-        "target_order_met": {
-            "mempo_ge_grpo": means["mempo"] >= means["grpo"],
-            "grpo_gt_sft": means["grpo"] > means["sft"],
-            "sft_gt_untrained": means["sft"] > means["untrained"],
-        },
-    }
-    # Curves: mean RL reward per step over seeds.
-    mean_curve = []
-    for step in range(a.rl_steps):
-        row: dict[str, float] = {"step": step + 1}
-        for variant in ("grpo", "mempo"):
-            vals = [h[step]["reward_mean"] for h in curves[variant] if len(h) > step]
-            if vals:
-                row[f"{variant}_reward"] = statistics.fmean(vals)
-        mean_curve.append(row)
+    inputs = prepare_inputs(a)
+    print(f"inputs ready in {time.perf_counter() - t_all:.0f}s: {a.workdir}", flush=True)
+    results: dict[str, Any] = {}
+    # Phase 1: the two SFT formats and the untrained policy; phase 2: RL variants x seeds.
+    phases = [[("sft", "sft-memory", "memory"), ("sft", "sft-full", "full"), ("untrained", "untrained")],
+              [("rl", f"rl-{v}-seed{s}", v, s) for s in a.seeds for v in a.variants]]
+    with ProcessPoolExecutor(max_workers=a.jobs, mp_context=mp.get_context("spawn")) as pool:
+        for phase in phases:
+            futs: dict[Future[tuple[str, Any]], str] = {
+                pool.submit(_run_job, job[0], job[1], a, inputs, *job[2:]): job[1] for job in phase}
+            pending = set(futs)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    key, res = f.result()
+                    results[key] = res
+                    k4 = res["eval"]["k4"]["aggregate"]
+                    print(f"[{time.perf_counter() - t_all:6.0f}s] {key}: single EM "
+                          f"{res['eval']['single']['aggregate'].get('em', 0):.3f}, k2 obj EM "
+                          f"{res['eval']['k2']['aggregate'].get('objective_em', 0):.3f}, k4 obj EM "
+                          f"{k4.get('objective_em', 0):.3f} ({len(results)}/{sum(map(len, phases))} jobs)", flush=True)
+    out = summarise(a, results)
+    out["total_seconds"] = time.perf_counter() - t_all
     out_path = Path(a.out)
-    plot_curves(mean_curve, ["grpo_reward", "mempo_reward"], out_path.with_name("learning_curves.png"),
-                title="RL training reward (mean over seeds)")
-    out["curves"] = mean_curve
-    out["observations"] = observations(out, curves)
-    write_json(out_path, out)
+    from mempo.io import write_json
 
-    print(f"\n{'variant':<10} {'EM single':>16} {'F1 single':>10} {'EM k=4':>16} {'prompt tok/turn':>16} {'EM vs SFT':>10}")
-    for v in VARIANTS:
-        s = summary[v]
-        r = ratios[v]["single_em_vs_sft"]
-        print(f"{v:<10} {s['single_em']['mean']:>8.3f} ± {s['single_em']['std']:<5.3f} {s['single_f1']['mean']:>10.3f} "
-              f"{s['k4_em']['mean']:>8.3f} ± {s['k4_em']['std']:<5.3f} {s['single_prompt_tokens_per_turn']['mean']:>16.1f} "
-              f"{(f'{r:.2f}x' if r is not None else 'n/a'):>10}")
-    print(f"mem_scoring_share (MemPO step): {out['mem_scoring_share']['mean']:.3f}")
-    print(f"wrote {out_path}")
+    plots(out, out_path)
+    write_json(out_path, out)
+    print_table(out)
+    print(f"wrote {out_path} ({out['total_seconds']:.0f}s)")
     return 0
 
 

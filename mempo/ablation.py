@@ -34,9 +34,9 @@ from mempo.errors import ConfigError, MempoError
 ABLATIONS: dict[str, dict[str, Any]] = {
     "mempo": {},
     "no-mem-adv": {"train.lambda_mem": 0.0},        # outcome advantage only (plain GRPO, MEM1-style)
+    "eps-previous": {"mempo.eps": "previous"},      # baseline: the previous turn's memory, not the full history
     "eps-none": {"mempo.eps": "none"},              # memory reward without a baseline
-    "eps-full": {"mempo.eps": "full_context"},      # baseline: P(a* | the full history the memory replaces)
-    "logprob": {"mempo.form": "logprob"},           # log-probabilities instead of probabilities
+    "prob": {"mempo.form": "prob"},                 # probabilities instead of log-probabilities
 }
 # What experiments share: a separate registered model and MLflow experiment.
 EXPERIMENT_SETTINGS: dict[str, Any] = {"register.model_name": "mempo-agent-ablation"}

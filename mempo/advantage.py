@@ -4,16 +4,18 @@ Both trainers (local and verl) call these functions; nothing else computes advan
 
     A_T = grpo_outcome_advantage(scores, group_ids)                     # [N rollouts]
     p = answer_probability(model, tok, prompts, answers)                # .prob, .mean_logprob
-    R_M = memory_reward(model, tok, turns, eps="previous", form="prob") # [M turn records]
+    R_M = memory_reward(model, tok, turns, eps="full_context", form="logprob")  # [M turn records]
     A_M = memory_advantage(R_M, turn_group_ids, turn_index)             # [M]
     adv = combine(A_T[rollout_of_turn], A_M, mem_mask, lambda_mem=1.0)  # [M, L] per token
 
-The MemPO paper (arXiv 2603.00680) defines R^M_t = P(a* | q, mem_t) - eps_t with P the
-geometric mean of the per-token answer probabilities. Its baseline eps_t and the exact
-normalisation could not be confirmed from the released code, so every choice here is a
-`params.yaml` value (`mempo:` section) with the paper reading as default:
-eps="previous" (P of the previous turn's memory, 0 before the first memory),
-form="prob", norm_by_std=True, group="per_turn" (normalise within (group, turn index)).
+The method (MemPO, arXiv 2603.00680) rewards a memory by the difference of the model's
+log-probabilities of the gold answer given the memory context and given the full context
+that memory replaces: R^M_t = mean log P(a* | q, mem_t) - mean log P(a* | q, full history
+before turn t), each the mean per-token teacher-forced log-probability. That is the default
+(`mempo:` eps="full_context", form="logprob"). Ablations, each a `params.yaml` value:
+eps="previous" (the score of the previous turn's memory, 0 before the first memory),
+eps="none", form="prob" (geometric-mean probabilities instead of mean log-probabilities).
+A^M is normalised with norm_by_std=True within (group, turn index) (group="per_turn").
 Standard deviations are the unbiased sample std (as verl's GRPO); a group of one gives 0.
 """
 

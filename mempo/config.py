@@ -191,6 +191,9 @@ class EvalParams(Section):
     """`mempo eval` / `mempo ask`: agents x benchmarks on one model; greedy unless temperature > 0."""
 
     model: str = "outputs/train/model"  # HF folder, or models:/NAME@alias | models:/NAME/VERSION
+    # agent -> its own trained policy (e.g. full_context: the full-history baseline); others run `model`
+    models: dict[Literal["memory", "full_context", "external_memory", "rag", "direct"], str] = Field(
+        default_factory=dict)
     benchmarks: list[str] = Field(
         default_factory=lambda: ["world", "world-k2", "world-k4", "world-k8"],
         min_length=1,
@@ -212,7 +215,7 @@ class EvalParams(Section):
     max_turns: int = Field(6, ge=1)
     max_turns_cap: int = Field(64, ge=1)
     topk: int = Field(3, ge=1)
-    max_new_tokens: int = Field(160, ge=1)
+    max_new_tokens: int = Field(192, ge=1)
     max_obs_tokens: int = Field(256, ge=1)
     temperature: float = Field(0.0, ge=0.0)
     memory_probe: bool = True
@@ -225,7 +228,8 @@ class AgentParams(Section):
     """The agent's turn loop and tools (mempo.agent): rollouts in training, SFT teacher runs."""
 
     context: Literal["memory", "full"] = "memory"
-    max_turns: int = Field(8, ge=1)
+    max_turns: int = Field(24, ge=1)
+    turns_per_objective: int = Field(6, ge=0)
     max_prompt_tokens: int = Field(0, ge=0)
     max_concurrent_episodes: int = Field(64, ge=1)
     topk: int = Field(3, ge=1)
@@ -241,8 +245,8 @@ class AgentParams(Section):
 class MempoParams(Section):
     """MemPO's rewards and advantages (mempo.rewards, mempo.advantage); lambda_mem is in train."""
 
-    eps: Literal["previous", "full_context", "none"] = "previous"
-    form: Literal["prob", "logprob"] = "prob"
+    eps: Literal["previous", "full_context", "none"] = "full_context"
+    form: Literal["prob", "logprob"] = "logprob"
     norm_by_std: bool = True
     mem_adv_group: Literal["per_turn", "per_group"] = "per_turn"
     adv_eps: float = Field(1e-6, gt=0.0)
@@ -269,6 +273,8 @@ class SFTParams(Section):
     rename_entities: float = Field(1.0, ge=0.0, le=1.0)
     prompt_loss_weight: float = Field(0.0, ge=0.0)
     val_questions: int = Field(100, ge=1)
+    val_multi_k: list[int] = Field(default_factory=list)
+    val_multi_tasks: int = Field(0, ge=0)
     epochs: float = Field(1.0, gt=0.0)
     max_steps: int = Field(0, ge=0)
     batch_size: int = Field(16, ge=1)
@@ -292,7 +298,7 @@ class PipelineParams(Section):
 
     experiment: str = "mempo"
     serve_retriever: bool = True
-    retriever_stages: list[str] = Field(default_factory=lambda: ["sft", "train", "eval"])
+    retriever_stages: list[str] = Field(default_factory=lambda: ["sft", "train", "train_full", "eval"])
     index_stage: str = "index"
     index_dir: str = "outputs/index"
     retriever_host: str = "127.0.0.1"
@@ -389,7 +395,7 @@ class TrainParams(Section):
     micro_batch_size: int = Field(32, ge=1)
     token_budget: int = Field(16384, ge=64)
     generation_batch_size: int = Field(64, ge=1)
-    max_new_tokens: int = Field(128, ge=0)
+    max_new_tokens: int = Field(192, ge=0)
     max_turns: int = Field(0, ge=0)
     log_memory_reward: bool = True
     val_every: int = Field(0, ge=0)

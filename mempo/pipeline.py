@@ -53,7 +53,7 @@ TINY_OVERRIDES: dict[str, Any] = {
     "data.compositions": [{"k": 1, "share": 1.0}],
     "policy.hidden_size": 32, "policy.intermediate_size": 64, "policy.num_layers": 1,
     "policy.vocab_size": 400, "policy.copy_steps": 2,
-    "sft.max_questions": 8, "sft.multi_tasks": 0, "sft.val_questions": 4, "sft.max_steps": 2,
+    "sft.max_questions": 8, "sft.multi_tasks": 0, "sft.val_questions": 4, "sft.val_multi_tasks": 0, "sft.max_steps": 2,
     "sft.eval_every": 2, "sft.warmup_steps": 0,
     "train.steps": 1, "train.batch_questions": 2, "train.n_rollouts": 2, "train.max_turns": 2,
     "train.max_new_tokens": 24, "train.checkpoint_every": 1,

@@ -2,7 +2,7 @@
 
 Pure functions, no trainer needed. Metrics return per-sample values; aggregate with a mean.
 
-    normalize_answer("The  Eiffel-Tower!")          # -> "eiffel tower"
+    normalize_answer("The  U.S. Navy!")             # -> "us navy" (SQuAD / FlashRAG / Search-R1)
     exact_match("the Eiffel Tower", ["Eiffel Tower"])          # -> 1.0
     substring_match("It is the Eiffel Tower.", ["eiffel tower"])  # -> 1.0
     token_f1("Eiffel Tower Paris", ["Eiffel Tower"])           # -> 0.8 (P=2/3, R=1)
@@ -33,16 +33,28 @@ FormatRule = Literal["strict", "penalty", "ignore"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
+# Answers that only match themselves in token F1 (FlashRAG / Search-R1 / HotpotQA rule): a
+# prediction "no" shares no credit with "no idea", a gold "yes" none with "yes and no".
+_EXACT_ONLY = frozenset({"yes", "no", "noanswer"})
+
+PunctRule = Literal["delete", "space"]
 
 
-def normalize_answer(text: str) -> str:
-    """Lowercase, drop punctuation, drop English articles, collapse whitespace (SQuAD style).
+def normalize_answer(text: str, punct: PunctRule = "delete") -> str:
+    """Lowercase, delete punctuation, drop English articles, collapse whitespace.
 
-    Punctuation is replaced by a space before articles are removed, so "Eiffel-Tower" and
-    "Eiffel Tower" normalise alike.
+    This is the standard normaliser of SQuAD, FlashRAG and Search-R1 (the numbers papers
+    report), so "U.S." -> "us", "1,000" -> "1000", "O'Keefe" -> "okeefe". `punct="space"`
+    replaces punctuation by a space instead ("Eiffel-Tower" -> "eiffel tower"); it is an
+    option only, and makes results not comparable with published numbers.
     """
     s = str(text).lower()
-    s = "".join(" " if ch in _PUNCT else ch for ch in s)
+    if punct == "delete":
+        s = "".join(ch for ch in s if ch not in _PUNCT)
+    elif punct == "space":
+        s = "".join(" " if ch in _PUNCT else ch for ch in s)
+    else:
+        raise ValueError(f"unknown punctuation rule '{punct}' (delete | space)")
     s = _ARTICLES.sub(" ", s)
     return " ".join(s.split())
 
@@ -51,39 +63,44 @@ def _as_list(golden: str | Sequence[str]) -> list[str]:
     return [golden] if isinstance(golden, str) else [str(g) for g in golden]
 
 
-def exact_match(prediction: str | None, golden_answers: str | Sequence[str]) -> float:
+def exact_match(prediction: str | None, golden_answers: str | Sequence[str], punct: PunctRule = "delete") -> float:
     """1.0 when the normalised prediction equals any normalised gold answer, else 0.0."""
     if prediction is None:
         return 0.0
-    p = normalize_answer(prediction)
-    return float(any(p == normalize_answer(g) for g in _as_list(golden_answers)))
+    p = normalize_answer(prediction, punct)
+    return float(any(p == normalize_answer(g, punct) for g in _as_list(golden_answers)))
 
 
-def substring_match(prediction: str | None, golden_answers: str | Sequence[str]) -> float:
-    """1.0 when any normalised gold answer occurs in the normalised prediction (word-aligned)."""
+def substring_match(prediction: str | None, golden_answers: str | Sequence[str], punct: PunctRule = "delete") -> float:
+    """1.0 when any normalised gold answer is a substring of the normalised prediction (a
+    plain substring, exactly FlashRAG's `acc` and Search-R1's `subem_check`)."""
     if prediction is None:
         return 0.0
-    p = f" {normalize_answer(prediction)} "
-    return float(any(normalize_answer(g) and f" {normalize_answer(g)} " in p for g in _as_list(golden_answers)))
+    p = normalize_answer(prediction, punct)
+    return float(any(normalize_answer(gold, punct) in p for gold in _as_list(golden_answers)))
 
 
-def token_f1(prediction: str | None, golden_answers: str | Sequence[str]) -> float:
-    """Best token-level F1 between the normalised prediction and any gold answer, in [0, 1]."""
+def token_f1(prediction: str | None, golden_answers: str | Sequence[str], punct: PunctRule = "delete") -> float:
+    """Best token-level F1 between the normalised prediction and any gold answer, in [0, 1].
+
+    As FlashRAG / Search-R1 / HotpotQA: yes / no / noanswer score 0 unless both sides are the
+    same one of them, and an empty side scores 0.
+    """
     if prediction is None:
         return 0.0
-    pred = normalize_answer(prediction).split()
+    pred_norm = normalize_answer(prediction, punct)
+    pred = pred_norm.split()
     best = 0.0
     for g in _as_list(golden_answers):
-        gold = normalize_answer(g).split()
+        gold_norm = normalize_answer(g, punct)
+        if (pred_norm in _EXACT_ONLY or gold_norm in _EXACT_ONLY) and pred_norm != gold_norm:
+            continue
+        gold = gold_norm.split()
         common = sum((Counter(pred) & Counter(gold)).values())
-        if not pred or not gold:
-            f1 = float(pred == gold)
-        elif common == 0:
-            f1 = 0.0
-        else:
-            prec, rec = common / len(pred), common / len(gold)
-            f1 = 2 * prec * rec / (prec + rec)
-        best = max(best, f1)
+        if common == 0:
+            continue
+        prec, rec = common / len(pred), common / len(gold)
+        best = max(best, 2 * prec * rec / (prec + rec))
     return best
 
 

@@ -21,6 +21,7 @@ from mempo.agent.rollout import GeneratorPolicy, RolloutConfig, full_context_mes
 from mempo.agent.teacher import NO_FACTS_YET, ScriptedTeacher
 from mempo.agent.tools import ArticleReader, ToolConfig, ToolEnv, chunk_text
 from mempo.datasets import load_qa
+from mempo.forgetting import MemoryStep, episode_forgot
 from mempo.policy.bootstrap import TinyPolicySpec, build_tiny_model, train_tiny_tokenizer
 from mempo.retrieval.inprocess import InProcessRetriever
 from mempo.tasks import compose_multi_objective
@@ -85,8 +86,16 @@ def test_teacher_multi_objective_tasks(world):
         assert len(parse_turn(ep.turns[-1].response_text).argument.split(";")) == 3
         hops = sum(len(o["metadata"]["chain"]) for o in task.metadata["objectives"])
         assert ep.num_turns == hops + 1
-        # finished objectives are kept as their answers only
-        assert "Answer 1:" in ep.turns[-1].memory and "Answer 3:" in ep.turns[-1].memory
+        # finished objectives are kept as their answers only, listed as the final answer lists them
+        objs = task.metadata["objectives"]
+        final = parse_turn(ep.turns[-1].response_text).argument
+        assert ep.turns[-1].memory == f"Answers: {final}."
+        # the objective in progress is named in the memory, copied from the task's question
+        assert ep.turns[0].memory == f"Now: {objs[0]['question']}"
+        assert f"Now: {objs[2]['question']}" in ep.turns[-2].memory and objs[2]["question"] in task.question
+        assert "Now:" not in ep.turns[-1].memory  # all done: only the answers
+        # and its memory never drops an answer it has stored
+        assert not episode_forgot(ep.objectives, [MemoryStep(t.memory, t.observation) for t in ep.turns])
 
 
 class _SearchMisses(InProcessRetriever):

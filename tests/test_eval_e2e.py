@@ -18,7 +18,7 @@ import pytest
 from mempo.config import load_params
 from mempo.errors import ConfigError
 from mempo.evaluation.agents import AGENTS
-from mempo.evaluation.report import parse_report_tables
+from mempo.evaluation.report import format_value, parse_report_tables
 from mempo.evaluation.runner import Engine, load_engine, run_eval
 
 
@@ -59,8 +59,9 @@ def _check_outputs(out: Path, agents: list[str], benches: list[str], n: int) -> 
             part = samples[(samples.agent == a) & (samples.benchmark == b)]
             assert metrics[f"{a}/{b}/em"] == round(part["em"].mean(), 4)
             assert metrics[f"{a}/{b}/peak_prompt_tokens_max"] == part["peak_prompt_tokens"].max()
-    # The report prints exactly the numbers of metrics.json.
-    assert parse_report_tables((out / "report.md").read_text()) == {k: json.dumps(v) for k, v in metrics.items()}
+    # The report prints the numbers of metrics.json, rounded for reading.
+    assert parse_report_tables((out / "report.md").read_text()) == {
+        k: format_value(v, k.rsplit("/", 1)[1]) for k, v in metrics.items()}
     assert (out / "report.html").read_text().startswith("<!doctype html>")
     assert (out / "plots" / "em_by_benchmark.png").is_file()
     return metrics
@@ -113,6 +114,16 @@ def test_eval_scripted_teacher_exercises_memory_search_and_probe(
     assert first[0]["action"] == "search" and first[0]["titles"] and first[-1]["action"] == "answer"
     assert samples[samples.agent == "memory"].iloc[0]["final_memory"]
     assert (tmp_path / "eval" / "plots" / "em_vs_k.png").is_file()
+    # Forgetting is measured for the memory agent on k > 1 tasks only; the teacher never forgets.
+    assert metrics["memory/world-k4/forgetting_rate"] == 0.0
+    assert "memory/world-k1/forgetting_rate" not in metrics and "full_context/world-k4/forgetting_rate" not in metrics
+    # The report ends with one example episode per (k, agent), the same task for every agent.
+    report = (tmp_path / "eval" / "report.md").read_text()
+    for bench in ("world-k1", "world-k4"):
+        for agent in ("memory", "full_context", "external_memory"):
+            assert f"### {bench} · {agent}" in report
+    first_k4 = samples[(samples.agent == "memory") & (samples.benchmark == "world-k4")].iloc[0]
+    assert first_k4["question"][:60] in report and "| turn | memory | action | titles found |" in report
 
 
 def test_truncation_path_scores_wrong(tiny_world: Path, tiny_policy: Path, engine: Engine, tmp_path: Path) -> None:
@@ -253,3 +264,34 @@ def test_cli_eval_and_ask_with_a_registry_reference(
     rc = main([*sets, "eval", "--model", str(tiny_policy), "--benchmarks", "musique", *common, "--no-track"])
     err = capsys.readouterr().err
     assert rc == 2 and "benchmarks.musique" in err and "no file is configured" in err
+
+
+def test_each_agent_runs_its_own_policy_and_cross_format_rows_are_apart(
+    tiny_world: Path, tiny_policy: Path, tmp_path: Path
+) -> None:
+    # Two trained policies, each for its own format (policy.json records the context).
+    import shutil
+
+    mem_dir, full_dir = tmp_path / "mem", tmp_path / "full"
+    for d, ctx in ((mem_dir, "memory"), (full_dir, "full")):
+        shutil.copytree(tiny_policy, d)
+        (d / "policy.json").write_text(json.dumps({"kind": "grpo", "context": ctx}))
+    p = _params(tiny_world, mem_dir, tmp_path / "eval", limit=2, max_turns=1,
+                agents=["memory", "full_context", "rag"], models={"full_context": str(full_dir)})
+    res = run_eval(p.eval, p.benchmarks, track=False)
+    policy_of = {r["agent"]: r["policy"] for r in res.rows}
+    assert policy_of == {"memory": str(mem_dir), "full_context": str(full_dir), "rag": str(mem_dir)}
+    eval_json = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert eval_json["policies"]["full_context"] == {"model": str(full_dir), "trained_context": "full",
+                                                     "agent_context": "full"}
+    report = (tmp_path / "eval" / "report.md").read_text()
+    own, cross = report.split("## EM: trained policies, each in its own format")[1].split(
+        "## EM: cross-format rows")
+    assert "| memory |" in own and "| full_context |" in own and "| rag |" not in own
+    assert "| rag |" in cross.split("## world")[0]
+    # A policy for another format is refused nowhere, only labelled: memory on the full policy is cross-format.
+    p.eval.models = {"memory": str(full_dir)}
+    p.eval.agents = ["memory"]
+    run_eval(p.eval, p.benchmarks, track=False)
+    report = (tmp_path / "eval" / "report.md").read_text()
+    assert "| memory |" in report.split("## EM: cross-format rows")[1].split("## world")[0]

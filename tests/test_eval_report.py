@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from mempo.evaluation.metrics import aggregate, nested, prompt_tokens_by_turn
-from mempo.evaluation.report import parse_report_tables, write_plots, write_report
+from mempo.evaluation.report import (
+    decimals,
+    format_value,
+    parse_report_tables,
+    write_plots,
+    write_report,
+)
 
 
 def _row(agent: str, bench: str, k: int = 1, **kw: object) -> dict[str, object]:
@@ -88,14 +94,20 @@ def test_report_holds_exactly_the_metrics_json_numbers(tmp_path: Path) -> None:
     md_path, html_path = write_report(tmp_path, flat, header={"model": "m"}, plots=plots)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     printed = parse_report_tables(md_path.read_text())
-    # Every metrics.json key appears once in the tables, printed as JSON prints it.
-    assert printed == {k: json.dumps(v) for k, v in metrics.items()}
+    # Every metrics.json key appears once in the tables, rounded for reading and no further.
+    assert set(printed) == set(metrics)
+    for key, value in metrics.items():
+        metric = key.rsplit("/", 1)[1]
+        assert float(printed[key]) == pytest.approx(value, abs=0.5 * 10 ** -decimals(metric)), key
+        assert printed[key] == format_value(value, metric)
+    assert format_value(301.4375, "peak_prompt_tokens") == "301.4" and format_value(0.123456, "em") == "0.123"
+    assert format_value(12, "turns") == "12" and format_value(1.0, "em") == "1.000"
     assert set(plots) == {"prompt_tokens_by_turn", "em_vs_k", "peak_prompt_tokens_vs_k", "em_by_benchmark"}
     for p in plots.values():
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = html_path.read_text()
     assert page.count("data:image/png;base64,") == len(plots)
-    assert "<table>" in page and json.dumps(metrics["memory/world-k4/f1"]) in page
+    assert "<table>" in page and format_value(metrics["memory/world-k4/f1"], "f1") in page
     assert nested(flat)["memory"]["world-k4"]["objective_em"] == 0.5
 
 

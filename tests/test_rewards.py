@@ -22,14 +22,36 @@ from mempo.rewards import (
 
 
 @pytest.mark.parametrize("raw, norm", [
-    ("The  Eiffel-Tower!", "eiffel tower"),
+    ("The  Eiffel-Tower!", "eiffeltower"),  # punctuation is deleted, not made a space
     ("  An apple a day ", "apple day"),
     ("Thebes", "thebes"),  # "the" only as a whole word
-    ("1,337,000", "1 337 000"),
+    ("1,337,000", "1337000"),
+    ("U.S.", "us"),
+    ("O'Keefe", "okeefe"),
     ("", ""),
 ])
-def test_normalize_answer(raw, norm):
+def test_normalize_answer_is_the_standard_one(raw, norm):
     assert normalize_answer(raw) == norm
+
+
+@pytest.mark.parametrize("raw, norm", [
+    ("The  Eiffel-Tower!", "eiffel tower"),
+    ("1,337,000", "1 337 000"),
+    ("O'Keefe", "o keefe"),
+])
+def test_punctuation_to_space_is_an_option(raw, norm):
+    assert normalize_answer(raw, punct="space") == norm
+    with pytest.raises(ValueError, match="punctuation rule"):
+        normalize_answer(raw, punct="drop")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("pred, gold", [("US", "U.S."), ("1000", "1,000"), ("OKeefe", "O'Keefe")])
+def test_examples_that_score_in_every_paper_score_here(pred, gold):
+    # The issue's examples: EM 0 under the old punctuation-to-space rule, 1 under the standard.
+    assert exact_match(pred, [gold]) == 1.0
+    assert substring_match(pred, [gold]) == 1.0
+    assert token_f1(pred, [gold]) == 1.0
+    assert exact_match(pred, [gold], punct="space") == 0.0
 
 
 def test_exact_substring_and_f1():
@@ -37,11 +59,48 @@ def test_exact_substring_and_f1():
     assert exact_match("Eiffel", ["Eiffel Tower"]) == 0.0
     assert exact_match(None, ["x"]) == 0.0
     assert substring_match("It is the Eiffel Tower.", ["eiffel tower"]) == 1.0
-    assert substring_match("Eiffel Towers", ["eiffel tower"]) == 0.0  # word-aligned
+    assert substring_match("Eiffel Towers", ["eiffel tower"]) == 1.0  # a plain substring (FlashRAG, Search-R1)
+    assert substring_match("Eiffel", ["eiffel tower"]) == 0.0
     # "Eiffel Tower Paris" vs "Eiffel Tower": P = 2/3, R = 1 -> F1 = 0.8
     assert token_f1("Eiffel Tower Paris", ["Eiffel Tower"]) == pytest.approx(0.8)
     assert token_f1("London", ["Eiffel Tower", "London"]) == 1.0
     assert token_f1("", ["x"]) == 0.0
+
+
+@pytest.mark.parametrize("pred, golds, f1", [
+    # "the cat sat on a mat" -> [cat, sat, on, mat]; gold "cat on mat" -> [cat, on, mat]:
+    # common 3, P = 3/4, R = 3/3, F1 = 2 * 0.75 * 1 / 1.75 = 6/7
+    ("the cat sat on a mat", ["cat on mat"], 6 / 7),
+    # "new york city" vs "New York": common 2, P = 2/3, R = 1 -> 0.8; vs "NYC": 0 -> max 0.8
+    ("new york city", ["NYC", "New York"], 0.8),
+    # repeated tokens count with multiplicity: "x x y" vs "x y y": common = min(2,1) +
+    # min(1,2) = 2, P = R = 2/3 -> 2/3
+    ("x x y", ["x y y"], 2 / 3),
+    # yes / no / noanswer only match themselves
+    ("no", ["no idea"], 0.0),
+    ("yes and no", ["yes"], 0.0),
+    ("Yes.", ["yes"], 1.0),
+    ("noanswer", ["no answer"], 0.0),
+    # an empty prediction or gold scores 0
+    ("", [""], 0.0),
+    ("!!!", ["Paris"], 0.0),
+])
+def test_token_f1_hand_worked(pred, golds, f1):
+    assert token_f1(pred, golds) == pytest.approx(f1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab .,'-!Th e")), max_size=12),
+       st.lists(st.text(alphabet=st.sampled_from(list("ab .,'-!Th e")), min_size=1, max_size=12),
+                min_size=1, max_size=3))
+def test_em_and_substring_em_equal_search_r1s_own_scorer(pred, golds):
+    # verl ships Search-R1's scorer (verl.utils.reward_score.search_r1_like_qa_em): ours must agree.
+    from verl.utils.reward_score.search_r1_like_qa_em import em_check, subem_check
+    from verl.utils.reward_score.search_r1_like_qa_em import normalize_answer as r1_norm
+
+    assert normalize_answer(pred) == r1_norm(pred)
+    assert exact_match(pred, golds) == float(em_check(pred, golds))
+    assert substring_match(pred, golds) == float(subem_check(pred, golds))
 
 
 def test_multi_objective_scores():

@@ -82,6 +82,47 @@ def test_sft_trains_on_assistant_tokens_and_saves_an_hf_folder(setup: dict[str, 
     AutoModelForCausalLM.from_pretrained(setup["sft"] / "model")
 
 
+def test_full_history_baseline_learns_from_the_same_teacher_episodes_and_trains_two_grpo_steps(
+    setup: dict[str, Path], tmp_path: Path
+) -> None:
+    import json
+
+    from mempo.config import load_params
+    from mempo.errors import ConfigError
+    from mempo.training.grpo import run_grpo
+    from mempo.training.sft import load_sft_samples, run_sft
+
+    traj = setup["sft"] / "trajectories"
+    mem = load_sft_samples(traj / "train_episodes.jsonl", "memory")
+    full = load_sft_samples(traj / "train_episodes.jsonl", "full")
+    # the same teacher turns, rendered two ways; the memory rendering is what the memory SFT trained on
+    assert [s.response for s in full] == [s.response for s in mem] and len(mem) > 40
+    assert mem == load_sft_samples(traj / "train.jsonl")
+    # full history: turn t's prompt holds every earlier response; the memory prompt never does
+    later = [(m, f) for m, f in zip(mem, full, strict=True) if len(f.messages) > 2]
+    assert later and all(len(f.messages) > len(m.messages) for m, f in later)
+    assert all(any(msg["role"] == "assistant" for msg in f.messages) for _, f in later)
+    assert not any(msg["role"] == "assistant" for m, _ in later for msg in m.messages)
+
+    sft_out, grpo_out = tmp_path / "sft_full", tmp_path / "grpo_full"
+    sft_params = load_params(None, {
+        "agent.context": "full", "sft.policy": str(setup["policy"]), "sft.out": str(sft_out),
+        "sft.trajectories": str(traj / "train_episodes.jsonl"),
+        "sft.val_trajectories": str(traj / "val_episodes.jsonl"), "sft.max_steps": 2, "sft.batch_size": 4,
+        "sft.eval_every": 2, "sft.max_tokens": 4096, "sft.resume": "never"})
+    assert run_sft(sft_params, tracking=False)["steps"] == 2
+    assert json.loads((sft_out / "model" / "policy.json").read_text())["context"] == "full"
+    over = _grpo_overrides(setup, grpo_out, **{"train.policy": str(sft_out / "model"), "train.steps": 2,
+                                               "train.lambda_mem": 0.0, "agent.context": "full"})
+    metrics = run_grpo(load_params(None, over), tracking=False)
+    assert metrics["steps"] == 2
+    hist = [json.loads(x) for x in (grpo_out / "history.jsonl").read_text().splitlines()]
+    assert len(hist) == 2 and all("mem_reward_mean" not in r for r in hist)  # nothing to score
+    assert json.loads((grpo_out / "model" / "policy.json").read_text())["context"] == "full"
+    with pytest.raises(ConfigError, match="lambda_mem"):
+        run_grpo(load_params(None, {**over, "train.lambda_mem": 1.0}), tracking=False)
+
+
 @pytest.fixture(scope="module")
 def grpo_run(setup: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """One uninterrupted 3-step run (checkpoint at step 2), tracked in its own MLflow store."""

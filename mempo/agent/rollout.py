@@ -47,17 +47,27 @@ class RolloutConfig:
     """Episode limits (from `params.yaml` `agent:`).
 
     Attributes:
-        max_turns: turns before an episode is cut (`hit_turn_limit`).
+        max_turns: turns before an episode is cut (`hit_turn_limit`); with
+            `turns_per_objective` it is the cap of the per-task budget.
         max_prompt_tokens: a turn whose prompt is longer ends the episode
             (`hit_context_limit`); 0 = no limit.
         max_concurrent_episodes: episodes in flight at once.
         check_masks: verify every mem mask against the decoded span (cheap; keep on).
+        turns_per_objective: a k-objective task gets `min(k * turns_per_objective,
+            max_turns)` turns (0: every task gets `max_turns`).
     """
 
     max_turns: int = 8
     max_prompt_tokens: int = 0
     max_concurrent_episodes: int = 64
     check_masks: bool = True
+    turns_per_objective: int = 0
+
+    def turn_budget(self, k: int) -> int:
+        """Turns a task of `k` objectives gets (see `turns_per_objective`)."""
+        if not self.turns_per_objective:
+            return self.max_turns
+        return max(1, min(self.turns_per_objective * max(1, k), self.max_turns))
 
 
 @dataclass
@@ -151,6 +161,12 @@ class Episode:
         return outcome_reward(self.final_answer, self.golden_answers, self.format_valid, self.objectives,
                               multi_rule=multi_rule, format_rule=format_rule,  # type: ignore[arg-type]
                               format_penalty=format_penalty)
+
+    def memory_steps(self) -> list[Any]:
+        """Each turn's memory and observation, as `mempo.forgetting` reads an episode."""
+        from mempo.forgetting import MemoryStep
+
+        return [MemoryStep(t.memory, t.observation) for t in self.turns]
 
     def summary(self) -> dict[str, Any]:
         """Per-episode numbers: answer, turns, token counts, limits hit."""
@@ -247,7 +263,7 @@ async def run_episode(
     reader = ArticleReader()
     last_parsed: ParsedTurn | None = None
     last_obs: str | None = None
-    for t in range(cfg.max_turns):
+    for t in range(cfg.turn_budget(len(ep.objectives))):
         msgs = ctx.messages()
         prompt_ids = tokenizer.encode(render_prompt(tokenizer, msgs), add_special_tokens=False)
         if cfg.max_prompt_tokens and len(prompt_ids) > cfg.max_prompt_tokens:

@@ -10,6 +10,15 @@ objective's intermediate facts are no longer useful, so they are compressed away
 every hop is found it answers `a1; a2; ...`; a hop it cannot find is answered "unknown",
 so such trajectories score 0 and the SFT stage's correctness filter drops them.
 
+On a k-objective task (k >= 2) the memory is laid out so that nothing has to be counted:
+the finished objectives' answers as the final answer will list them, and the question in
+progress copied from the task ("Answers: Paris; 1900. Now: Who founded X? X was founded by
+Y."). The next prompt shows only the question and this memory; moving on to the next
+objective is a copy of the text that follows the current question in the task, and the
+final answer is a copy of the list. (A numbered layout, "Answer 1: ... Question 2: ...",
+made a 2-layer policy skip or repeat objectives: k=2 all-correct 0.02 on 64 val tasks after
+1,618 SFT steps.)
+
     teacher = ScriptedTeacher(tokenizer)
     episodes = run_episodes(items, teacher, ToolEnv(retriever, tokenizer), tokenizer)
 
@@ -72,6 +81,7 @@ class _Hop:
 class _Plan:
     hops: list[_Hop]
     answers: list[str]
+    questions: list[str]
     cursor: int = 0
     tried_access: bool = False
     found: list[bool] = field(default_factory=list)
@@ -85,6 +95,12 @@ def objective_chains(item: QAItem) -> list[tuple[list[dict[str, str]], str]]:
     if objs:
         return [((o.get("metadata") or {}).get("chain") or [], o["golden_answers"][0]) for o in objs]
     return [(meta.get("chain") or [], item.golden_answers[0])]
+
+
+def objective_questions(item: QAItem) -> list[str]:
+    """The question of each objective of a task (the task's own question when it has one)."""
+    objs = (item.metadata or {}).get("objectives")
+    return [str(o["question"]).strip() for o in objs] if objs else [item.question.strip()]
 
 
 _CHUNK_RE = re.compile(r"\[chunk (\d+)/(\d+)\]")
@@ -124,29 +140,34 @@ class ScriptedTeacher:
                 raise ValueError(f"task {item.id}: objective {i} has no metadata.chain (not a knowledge-world task)")
             hops.extend(_Hop(i, h["entity"], h["relation"], str(h["value"])) for h in chain)
             answers.append(answer)
-        return _Plan(hops, answers, found=[False] * len(hops))
+        return _Plan(hops, answers, objective_questions(item), found=[False] * len(hops))
 
     def memory_text(self, plan: _Plan) -> str:
         """The memory after the hops before `plan.cursor`: answers of finished objectives,
-        facts of the objective in progress."""
+        (k >= 2) the question of the objective in progress, and its facts found so far."""
         k = len(plan.answers)
         current = plan.hops[plan.cursor].objective if plan.cursor < len(plan.hops) else k
         parts: list[str] = []
-        for i in range(min(current, k)):
-            hops_i = [j for j, h in enumerate(plan.hops) if h.objective == i]
-            ans = plan.answers[i] if all(plan.found[j] for j in hops_i) else UNKNOWN_ANSWER
-            parts.append(f"Answer {i + 1}: {ans}." if k > 1 else f"Answer: {ans}.")
+        done = [self._objective_answer(plan, i) for i in range(min(current, k))]
+        if k == 1 and done:
+            parts.append(f"Answer: {done[0]}.")
+        elif done:
+            parts.append(f"Answers: {f'{ANSWER_SEP} '.join(done)}.")
+        if k > 1 and current < k:
+            parts.append(f"Now: {plan.questions[current]}")
         for j, h in enumerate(plan.hops[:plan.cursor]):
             if h.objective == current and plan.found[j]:
                 parts.append(_fact(h))
         return " ".join(parts) or NO_FACTS_YET
 
+    @staticmethod
+    def _objective_answer(plan: _Plan, i: int) -> str:
+        """Objective i's answer, or "unknown" when one of its hops was not found."""
+        hops_i = [j for j, h in enumerate(plan.hops) if h.objective == i]
+        return plan.answers[i] if all(plan.found[j] for j in hops_i) else UNKNOWN_ANSWER
+
     def _final_answer(self, plan: _Plan) -> str:
-        out = []
-        for i, ans in enumerate(plan.answers):
-            hops_i = [j for j, h in enumerate(plan.hops) if h.objective == i]
-            out.append(ans if all(plan.found[j] for j in hops_i) else UNKNOWN_ANSWER)
-        return f"{ANSWER_SEP} ".join(out)
+        return f"{ANSWER_SEP} ".join(self._objective_answer(plan, i) for i in range(len(plan.answers)))
 
     def next_turn_text(self, request: TurnRequest) -> str:
         """The teacher's response text for this turn (updates its per-episode plan)."""

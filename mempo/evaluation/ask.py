@@ -15,6 +15,7 @@ kept in memory and where it went wrong.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import textwrap
 from typing import Any
 
@@ -35,7 +36,7 @@ def ask(
 
     Returns the core `mempo.agent.rollout.Episode` (turn records, final answer, limits hit).
     """
-    from mempo.agent.rollout import GeneratorPolicy, RolloutConfig, arun_episodes
+    from mempo.agent.rollout import GeneratorPolicy, arun_episodes
     from mempo.agent.tools import ToolConfig, ToolEnv
 
     if engine.retriever is None:
@@ -44,8 +45,7 @@ def ask(
     policy = engine.turn_policy or GeneratorPolicy(engine.generator, sampling_params(settings), max_batch=1)
     env = ToolEnv(engine.retriever, engine.tokenizer,
                   ToolConfig(topk=settings.topk, observation_max_tokens=settings.max_obs_tokens))
-    config = RolloutConfig(max_turns=settings.max_turns, max_prompt_tokens=settings.max_prompt_tokens,
-                           max_concurrent_episodes=1)
+    config = dataclasses.replace(settings.rollout_config(), max_concurrent_episodes=1)
     episodes = asyncio.run(arun_episodes(
         [item], policy, env, engine.tokenizer, context="full" if full_context else "memory",
         config=config, progress=False,

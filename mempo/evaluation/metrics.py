@@ -10,7 +10,8 @@ Per-sample columns (`samples.parquet`): see `SAMPLE_COLUMNS`. The aggregate of a
 per-sample metric over one (agent, benchmark) is its mean over the samples (rates for the
 0/1 columns), except `peak_prompt_tokens_max` (the largest peak) and `n` (the count).
 Metrics undefined for a pair are left out rather than written as NaN: `memory_probe` exists
-only for agents that write a memory, `objective_em` / `all_correct` only for k > 1 tasks.
+only for agents that write a memory, `objective_em` / `all_correct` only for k > 1 tasks, the
+forgetting rates only for k > 1 tasks of the agents whose context is their own memory.
 """
 
 from __future__ import annotations
@@ -35,13 +36,16 @@ MEAN_METRICS = (
     "latency_s",
     "truncated",
     "memory_probe",
+    "forgetting_rate",       # 0/1 per episode: a stored answer was dropped (mempo.forgetting)
+    "forgetting_rate_seen",  # 0/1: an answer seen in an observation or memory was not kept
 )
 # Metrics only meaningful for multi-objective (k > 1) tasks.
-MULTI_OBJECTIVE_METRICS = ("objective_em", "all_correct")
+MULTI_OBJECTIVE_METRICS = ("objective_em", "all_correct", "forgetting_rate", "forgetting_rate_seen")
 DECIMALS = 4
 
 SAMPLE_COLUMNS = (
     "agent",              # memory | full_context | direct | rag | external_memory
+    "policy",             # the model the agent ran (eval.model, or its own from eval.models)
     "benchmark",          # registry name
     "id",                 # question / task id
     "question",

@@ -3,8 +3,13 @@
     paths = write_plots(out_dir / "plots", flat_metrics, rows)
     write_report(out_dir, flat_metrics, plots=paths, header={"model": "outputs/train/final"})
 
-Every number in the report is a value of the flat metrics dict, printed exactly as
-`metrics.json` holds it (`format_value`), so the report and the DVC metrics never disagree.
+Every number in the report is a value of the flat metrics dict, rounded for reading
+(`format_value`: rates to 3 places, token and turn counts to 1, latencies to 2), so the report
+and `metrics.json` never disagree beyond that rounding. The first table compares the trained
+policies, each run in the format it was trained for; agents run on a policy trained for
+another format (e.g. `rag` on the memory policy) are listed apart, as cross-format rows. Each
+benchmark then gets a quality and a cost table, and the report ends with one example episode
+per agent and k, the same task for every agent, with the memory turn by turn.
 Plots (matplotlib Agg):
 - `prompt_tokens_by_turn.png`: mean prompt tokens at each turn, memory vs full-context (and
   the other multi-turn agents), on the benchmark with the most objectives;
@@ -17,26 +22,48 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mempo.evaluation.benchmarks import objectives_k
-from mempo.evaluation.metrics import MEAN_METRICS, nested, prompt_tokens_by_turn
+from mempo.evaluation.metrics import nested, prompt_tokens_by_turn
 from mempo.io import atomic_path, write_text
 
-# Column order of the per-benchmark tables; anything else found in the metrics follows.
-TABLE_METRICS = ("n", *MEAN_METRICS[:9], "peak_prompt_tokens_max", *MEAN_METRICS[9:])
+# The per-benchmark tables: answer quality, then cost; anything else found follows in the cost table.
+QUALITY_METRICS = ("n", "em", "f1", "substring_em", "objective_em", "all_correct", "format_valid",
+                   "forgetting_rate", "forgetting_rate_seen", "memory_probe")
+COST_METRICS = ("turns", "searches", "peak_prompt_tokens", "peak_prompt_tokens_max", "total_prompt_tokens",
+                "generated_tokens", "latency_s", "truncated")
+TABLE_METRICS = QUALITY_METRICS + COST_METRICS
 MULTI_TURN_AGENTS = ("memory", "full_context", "external_memory")
 AGENT_ORDER = ("memory", "full_context", "external_memory", "rag", "direct")
+# Metrics that are rates in [0, 1] (printed to 3 places); latencies to 2; counts to 1.
+RATE_METRICS = frozenset({"em", "f1", "substring_em", "objective_em", "all_correct", "format_valid",
+                          "forgetting_rate", "forgetting_rate_seen", "memory_probe", "truncated",
+                          "hit_turn_limit"})
+_SHORT = {"substring_em": "sub-EM", "objective_em": "obj EM", "all_correct": "all right",
+          "format_valid": "valid", "forgetting_rate": "forget", "forgetting_rate_seen": "forget (seen)",
+          "memory_probe": "mem probe", "peak_prompt_tokens": "peak prompt", "peak_prompt_tokens_max": "max peak",
+          "total_prompt_tokens": "prompt tokens", "generated_tokens": "generated", "latency_s": "latency s"}
 
 
-def format_value(value: float | int) -> str:
-    """A metric as text, identical to its JSON form in metrics.json (`0.5`, `12`, `0.4123`)."""
+def decimals(metric: str) -> int:
+    """Places a metric is printed with in the report."""
+    if metric in RATE_METRICS:
+        return 3
+    return 2 if metric.endswith("_s") else 1
+
+
+def format_value(value: float | int, metric: str = "em") -> str:
+    """A metric as the report prints it: ints as they are, floats rounded (`decimals`)."""
     if isinstance(value, bool):
         return str(int(value))
-    return str(value)
+    if isinstance(value, int) or float(value).is_integer() and metric not in RATE_METRICS:
+        return str(int(value))
+    return f"{float(value):.{decimals(metric)}f}"
 
 
 def _ordered(names: Sequence[str], order: Sequence[str]) -> list[str]:
@@ -149,17 +176,86 @@ def _md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]
     return lines
 
 
+def _own_format(agent: str, policies: Mapping[str, Mapping[str, Any]] | None) -> bool | None:
+    """Whether `agent` ran a policy trained for its own format (None: not known)."""
+    info = (policies or {}).get(agent)
+    if not info or info.get("trained_context") is None:
+        return None
+    return info.get("trained_context") == info.get("agent_context")
+
+
+def _summary_rows(table: Mapping[str, Any], agents: Sequence[str], benches: Sequence[str],
+                  policies: Mapping[str, Mapping[str, Any]] | None) -> list[list[str]]:
+    big = max(benches, key=lambda b: objectives_k(b) or 1) if benches else None
+    rows = []
+    for a in agents:
+        cells = [a, str((policies or {}).get(a, {}).get("model", ""))]
+        cells += [format_value(table[a][b]["em"]) if "em" in table[a].get(b, {}) else "–" for b in benches]
+        peak = table[a].get(big, {}).get("peak_prompt_tokens") if big else None
+        cells.append(format_value(peak, "peak_prompt_tokens") if peak is not None else "–")
+        forget = table[a].get(big, {}).get("forgetting_rate") if big else None
+        cells.append(format_value(forget, "forgetting_rate") if forget is not None else "–")
+        rows.append(cells)
+    return rows
+
+
+def _example_lines(rows: Sequence[Mapping[str, Any]], agents: Sequence[str], benches: Sequence[str],
+                   max_turns: int = 16) -> list[str]:
+    """One example episode per (k, agent): the first task of each benchmark, the same for every
+    agent, with each turn's memory and action (what the memory kept and what it lost)."""
+    lines = ["## Example episodes", "",
+             "The first task of each benchmark, as every agent ran it. `memory` is what the turn wrote "
+             "into `<mem>`; the next prompt shows only that (memory agent).", ""]
+    by_pair: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for r in rows:
+        by_pair.setdefault((str(r["benchmark"]), str(r["agent"])), r)
+    for bench in benches:
+        for agent in agents:
+            r = by_pair.get((bench, agent))
+            if r is None:
+                continue
+            lines += [f"### {bench} · {agent}", "",
+                      f"- question: {_cell(r.get('question'))}",
+                      f"- gold: {_cell('; '.join(map(str, r.get('golden_answers') or [])))}",
+                      f"- prediction: {_cell(r.get('prediction'))} (EM {format_value(r.get('em', 0.0))})", ""]
+            try:
+                turns = json.loads(r.get("transcript") or "[]")
+            except ValueError:
+                turns = []
+            body = []
+            for i, t in enumerate(turns[:max_turns]):
+                action = f"{t.get('action') or '(none)'}: {t.get('argument') or ''}" if t.get("valid", True) else \
+                    f"invalid ({t.get('error', '')})"
+                body.append([str(i + 1), _cell(t.get("memory")), _cell(action), _cell(", ".join(t.get("titles") or []))])
+            if len(turns) > max_turns:
+                body.append(["…", f"{len(turns) - max_turns} more turns", "", ""])
+            if body:
+                lines += _md_table(["turn", "memory", "action", "titles found"], body) + [""]
+    return lines
+
+
+def _cell(text: Any, limit: int = 400) -> str:
+    """Text safe for a Markdown table cell, cut at `limit` characters."""
+    s = " ".join(str(text or "").split()).replace("|", "\\|")
+    return s if len(s) <= limit else s[:limit] + " …"
+
+
 def render_markdown(
     flat: Mapping[str, float | int],
     *,
     header: Mapping[str, Any] | None = None,
     plots: Mapping[str, Path] | None = None,
     plots_rel: str = "plots",
+    rows: Sequence[Mapping[str, Any]] | None = None,
+    policies: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
-    """The report as Markdown: run facts, an EM summary, one full table per benchmark, plots.
+    """The report as Markdown: run facts, the EM table of trained policies (each in its own
+    format) and the cross-format rows apart, a quality and a cost table per benchmark, plots,
+    and (given `rows`) example episodes.
 
     The per-benchmark tables hold every key of `flat` exactly once (rows: agents; columns:
-    metrics), so `parse_report_tables` recovers `flat` from the text.
+    metrics), so `parse_report_tables` recovers `flat` (rounded as printed) from the text.
+    `policies`: agent -> {"model", "trained_context", "agent_context"} (eval.json's).
     """
     table = nested(flat)
     agents = _ordered(list(table), AGENT_ORDER)
@@ -169,34 +265,46 @@ def render_markdown(
         for k, v in header.items():
             lines.append(f"- **{k}**: `{v}`")
         lines.append("")
-    lines += ["## EM by agent and benchmark", ""]
-    lines += _md_table(
-        ["agent", *benches],
-        [[a, *(format_value(table[a][b]["em"]) if "em" in table[a].get(b, {}) else "–" for b in benches)]
-         for a in agents],
-    )
+    big = max(benches, key=lambda b: objectives_k(b) or 1) if benches else ""
+    summary_header = ["agent", "policy", *benches, f"peak prompt ({big})", f"forget ({big})"]
+    own = [a for a in agents if _own_format(a, policies) is not False]
+    cross = [a for a in agents if _own_format(a, policies) is False]
+    lines += ["## EM: trained policies, each in its own format", ""]
+    lines += _md_table(summary_header, _summary_rows(table, own, benches, policies))
     lines.append("")
+    if cross:
+        lines += ["## EM: cross-format rows (the policy was trained for another format)", ""]
+        lines += _md_table(summary_header, _summary_rows(table, cross, benches, policies))
+        lines.append("")
     for bench in benches:
         present = {m for a in agents for m in table[a].get(bench, {})}
-        cols = [m for m in TABLE_METRICS if m in present] + sorted(present - set(TABLE_METRICS))
         k = objectives_k(bench)
         lines += [f"## {bench}" + (f" (k = {k})" if k else ""), ""]
-        lines += _md_table(
-            ["agent", *cols],
-            [[a, *(format_value(table[a][bench][m]) if m in table[a].get(bench, {}) else "–" for m in cols)]
-             for a in agents if bench in table[a]],
-        )
-        lines.append("")
+        extra = sorted(present - set(TABLE_METRICS))
+        for cols in ([m for m in QUALITY_METRICS if m in present],
+                     [m for m in COST_METRICS if m in present] + extra):
+            if not cols:
+                continue
+            lines += _md_table(
+                ["agent", *(_SHORT.get(m, m) for m in cols)],
+                [[a, *(format_value(table[a][bench][m], m) if m in table[a].get(bench, {}) else "–"
+                       for m in cols)] for a in agents if bench in table[a]],
+            )
+            lines.append("")
     if plots:
         lines += ["## Plots", ""]
         for name, path in plots.items():
             lines += [f"![{name}]({plots_rel}/{Path(path).name})", ""]
     lines += [
-        "Metrics: means over samples (rates for 0/1 columns); `peak_prompt_tokens` is the mean "
-        "per-episode peak, `peak_prompt_tokens_max` the largest; truncated episodes (prompt over "
-        "the context window) are scored as wrong. Per-sample rows are in `samples.parquet`.",
+        "Metrics: means over samples (rates for 0/1 columns); `peak prompt` is the mean per-episode "
+        "peak of prompt tokens, `max peak` the largest; `forget`: share of k > 1 episodes whose memory "
+        "dropped an answer it had stored (`forget (seen)`: an answer seen in a result and not kept); "
+        "truncated episodes (prompt over the context window) are scored as wrong. Per-sample rows are in "
+        "`samples.parquet`; exact values in `metrics.json`.",
         "",
     ]
+    if rows:
+        lines += _example_lines(rows, agents, benches)
     return "\n".join(lines)
 
 
@@ -205,17 +313,20 @@ def parse_report_tables(markdown_text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     bench: str | None = None
     header: list[str] | None = None
+    long_name = {v: k for k, v in _SHORT.items()}
     for line in markdown_text.splitlines():
         m = re.match(r"^## (\S+)(?: \(k = \d+\))?$", line)
-        if m:
-            bench = None if m.group(1) in ("EM", "Plots") else m.group(1)
+        if m or line.startswith("## "):
+            bench = m.group(1) if m and m.group(1) not in ("EM:", "Plots", "Example") else None
             header = None
             continue
         if bench is None or not line.startswith("|") or line.startswith("|---"):
+            if not line.strip():
+                header = None  # a blank line ends a table; the next one has its own header
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if header is None:
-            header = cells
+            header = [long_name.get(c, c) for c in cells]
             continue
         for metric, cell in zip(header[1:], cells[1:], strict=True):
             if cell != "–":
@@ -240,10 +351,12 @@ def render_html(markdown_text: str, base_dir: str | Path) -> str:
 
     body = re.sub(r'src="([^"]+\.png)"', embed, body)
     style = (
-        "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
-        "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
-        "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+        "body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
+        "table{border-collapse:collapse;margin:1em 0;font-size:0.88em;max-width:100%;display:block;overflow-x:auto}"
+        "th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;white-space:nowrap}"
         "th:first-child,td:first-child{text-align:left}img{max-width:100%}"
+        "h3+ul+table td,h3+ul+table th{text-align:left;white-space:normal;vertical-align:top}"
+        "h3+ul+table td:nth-child(2){min-width:28em}"
     )
     return (
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>MemPO evaluation report</title>"
@@ -257,10 +370,12 @@ def write_report(
     *,
     header: Mapping[str, Any] | None = None,
     plots: Mapping[str, Path] | None = None,
+    rows: Sequence[Mapping[str, Any]] | None = None,
+    policies: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[Path, Path]:
     """Write `out_dir/report.md` and `out_dir/report.html`. Returns both paths."""
     out_dir = Path(out_dir)
-    md = render_markdown(flat, header=header, plots=plots)
+    md = render_markdown(flat, header=header, plots=plots, rows=rows, policies=policies)
     md_path = write_text(out_dir / "report.md", md)
     html_path = write_text(out_dir / "report.html", render_html(md, out_dir))
     return md_path, html_path

@@ -80,8 +80,13 @@ class EvalSettings:
         """From an `EvalParams` (or anything with the same attributes)."""
         return cls(**{name: getattr(p, name) for name in cls.__dataclass_fields__})
 
-    def turns_for(self, k: int) -> int:
-        return max(1, min(self.max_turns * max(1, k), self.max_turns_cap))
+    def rollout_config(self) -> Any:
+        """The rollout limits: `max_turns` per objective, capped at `max_turns_cap`."""
+        from mempo.agent.rollout import RolloutConfig
+
+        return RolloutConfig(max_turns=self.max_turns_cap, turns_per_objective=self.max_turns,
+                             max_prompt_tokens=self.max_prompt_tokens,
+                             max_concurrent_episodes=self.concurrency)
 
 
 @dataclass
@@ -95,6 +100,11 @@ class Engine:
     # A TurnPolicy used by the multi-turn agents instead of the generator (e.g. the scripted
     # teacher as a reference policy); None: the generator, batched by GeneratorPolicy.
     turn_policy: Any | None = None
+    # The model reference (a path or models:/...) and the context it was trained in
+    # ("memory" | "full", from its policy.json; None when unknown): the report tells an agent
+    # run on a policy trained for its own format from a cross-format row.
+    policy: str = ""
+    policy_context: str | None = None
 
 
 @dataclass
@@ -138,9 +148,9 @@ def sampling_params(settings: EvalSettings, stop: Sequence[str] | None = None) -
     return SamplingParams(**kw)
 
 
-def _base_row(agent: str, bench: str, item: QAItem, k: int) -> dict[str, Any]:
+def _base_row(agent: str, bench: str, item: QAItem, k: int, engine: Engine) -> dict[str, Any]:
     return {
-        "agent": agent, "benchmark": bench, "id": item.id, "question": item.question,
+        "agent": agent, "policy": engine.policy, "benchmark": bench, "id": item.id, "question": item.question,
         "golden_answers": list(item.golden_answers), "k": k,
     }
 
@@ -151,7 +161,7 @@ def _finish_row(row: dict[str, Any], item: QAItem, prediction: str | None, trunc
     row["prediction"] = prediction or ""
     row["truncated"] = float(truncated)
     for col in SAMPLE_COLUMNS:
-        row.setdefault(col, "" if col in ("final_memory", "transcript", "error", "prediction") else float("nan"))
+        row.setdefault(col, "" if col in ("policy", "final_memory", "transcript", "error", "prediction") else float("nan"))
     return row
 
 
@@ -165,8 +175,9 @@ def run_multi_turn(
 ) -> list[dict[str, Any]]:
     """Episodes of a multi-turn agent (memory, full_context, external_memory) through the core
     rollout loop; one sample row per item (see `mempo.evaluation.metrics.SAMPLE_COLUMNS`)."""
-    from mempo.agent.rollout import GeneratorPolicy, RolloutConfig, arun_episodes
+    from mempo.agent.rollout import GeneratorPolicy, arun_episodes
     from mempo.agent.tools import ToolConfig, ToolEnv
+    from mempo.forgetting import SEEN, episode_forgot
 
     if engine.retriever is None:
         raise MempoError(f"agent '{agent}' needs a retriever (eval.retriever)")
@@ -174,10 +185,7 @@ def run_multi_turn(
         engine.generator, sampling_params(settings), max_batch=settings.concurrency))
     env = ToolEnv(engine.retriever, engine.tokenizer,
                   ToolConfig(topk=settings.topk, observation_max_tokens=settings.max_obs_tokens))
-    config = RolloutConfig(
-        max_turns=settings.turns_for(k), max_prompt_tokens=settings.max_prompt_tokens,
-        max_concurrent_episodes=settings.concurrency,
-    )
+    config = settings.rollout_config()
     ended: dict[str, float] = {}
     context: Any = CONTEXT_OF_AGENT[agent]
     if agent == "external_memory":
@@ -197,7 +205,11 @@ def run_multi_turn(
     ))
     rows = []
     for item, ep in zip(items, episodes, strict=True):
-        row = _base_row(agent, bench, item, k)
+        row = _base_row(agent, bench, item, k, engine)
+        if agent == "memory" and len(ep.objectives) > 1:
+            steps = ep.memory_steps()
+            row["forgetting_rate"] = float(episode_forgot(ep.objectives, steps))
+            row["forgetting_rate_seen"] = float(episode_forgot(ep.objectives, steps, SEEN))
         prompts = ep.prompt_tokens
         memories = [t.memory for t in ep.turns if t.memory is not None]
         row.update(
@@ -280,7 +292,7 @@ def run_single_turn(
 
     rows = []
     for i, item in enumerate(items):
-        row = _base_row(agent, bench, item, k)
+        row = _base_row(agent, bench, item, k, engine)
         g1 = first.get(i)
         truncated = g1 is None or (i in prefixes and i not in forced)
         lengths = [len(prompts[i])] + ([len(forced_prompts[i])] if i in forced_prompts else [])
@@ -356,23 +368,26 @@ def add_memory_probe(rows: list[dict[str, Any]], engine: Engine, batch_size: int
 def evaluate_items(
     benchmarks: Mapping[str, Sequence[QAItem]],
     agents: Sequence[str],
-    engine: Engine,
+    engine: Engine | Mapping[str, Engine],
     settings: EvalSettings,
     on_pair: Callable[[str, str, list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every agent on every benchmark; returns all sample rows (benchmark, then agent order)."""
+    """Run every agent on every benchmark; returns all sample rows (benchmark, then agent order).
+
+    `engine`: one engine for every agent, or agent -> engine (each agent on its own policy)."""
     unknown = [a for a in agents if a not in AGENTS]
     if unknown:
         raise ConfigError(f"unknown agent(s) {unknown}; choose from {list(AGENTS)}", field="eval.agents")
+    engines = {a: engine for a in agents} if isinstance(engine, Engine) else dict(engine)
     rows: list[dict[str, Any]] = []
     for bench, items in benchmarks.items():
         k = max((int(it.metadata.get("k", 1) or 1) for it in items), default=1)
         for agent in agents:
             t0 = time.perf_counter()
             run = run_multi_turn if agent in MULTI_TURN_AGENTS else run_single_turn
-            pair = run(agent, bench, items, engine, settings, k)
+            pair = run(agent, bench, items, engines[agent], settings, k)
             if settings.memory_probe:
-                add_memory_probe(pair, engine)
+                add_memory_probe(pair, engines[agent])
             log.info("eval %s on %s: %d samples in %.1f s, EM %.3f", agent, bench, len(pair),
                      time.perf_counter() - t0,
                      sum(r["em"] for r in pair) / max(1, len(pair)))
@@ -488,12 +503,34 @@ def write_outputs(
         write_samples(tmp / "samples.parquet", rows)
         write_json(tmp / "metrics.json", flat)
         plots = write_plots(tmp / "plots", flat, rows)
-        write_report(tmp, flat, header={k: v for k, v in meta.items() if not isinstance(v, dict | list)}, plots=plots)
+        write_report(tmp, flat, header={k: v for k, v in meta.items() if not isinstance(v, dict | list)}, plots=plots,
+                     rows=rows, policies=meta.get("policies"))
         write_json(tmp / "eval.json", dict(meta))
     return flat
 
 
 # ---------------------------------------------------------------------------- engine
+
+# The context each agent runs in; a policy trained in the same one runs in its own format.
+AGENT_CONTEXT = {"memory": "memory", "full_context": "full", "external_memory": "external",
+                 "rag": "single-turn", "direct": "single-turn"}
+
+
+def policy_context(model_dir: str | Path) -> str | None:
+    """The context a policy was trained in ("memory" | "full"), from its `policy.json`
+    (written by the SFT and GRPO stages); None for a model without one (a base model)."""
+    f = Path(model_dir) / "policy.json"
+    if not f.is_file():
+        return None
+    try:
+        manifest = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+    ctx = manifest.get("context")
+    if ctx is None and manifest.get("kind") in ("sft", "grpo"):
+        return "memory"  # trained before the context was recorded: the trainers only had memory
+    return ctx if ctx in ("memory", "full") else None
+
 
 
 def load_engine(
@@ -554,17 +591,32 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
     items = load_benchmarks(list(p.benchmarks), paths, limit=p.limit, seed=p.seed)
     needs_retriever = any(a != "direct" for a in p.agents)
 
-    with resolved_model(p.model) as model, contextlib.ExitStack() as cleanup:
+    # Each agent runs the policy trained for it (eval.models), else eval.model.
+    refs = {a: p.models.get(a, p.model) for a in p.agents}
+    with contextlib.ExitStack() as cleanup:
+        resolved = {ref: cleanup.enter_context(resolved_model(ref)) for ref in dict.fromkeys([p.model, *refs.values()])}
+        model = resolved[p.model]
         if engine is None:
-            engine = load_engine(
-                model.path, model.tokenizer_path, backend=p.backend, device=p.device,
-                openai_url=p.openai_url, served_model=p.served_model,
-                retriever=p.retriever if needs_retriever else None, concurrency=p.concurrency,
-            )
-            if engine.retriever is not None:
-                cleanup.callback(engine.retriever.close)
+            engines_by_ref = {ref: load_engine(
+                m.path, m.tokenizer_path, backend=p.backend, device=p.device, openai_url=p.openai_url,
+                served_model=p.served_model, concurrency=p.concurrency) for ref, m in resolved.items()
+                if ref in refs.values()}
+            if needs_retriever:
+                from mempo.retrieval import open_retriever
+
+                shared = open_retriever(p.retriever)
+                cleanup.callback(shared.close)
+                for e in engines_by_ref.values():
+                    e.retriever = shared
+            for ref, e in engines_by_ref.items():
+                e.policy, e.policy_context = ref, policy_context(resolved[ref].path)
+            engines: Engine | dict[str, Engine] = {a: engines_by_ref[refs[a]] for a in p.agents}
+        else:
+            engines = engine
         meta: dict[str, Any] = {
             **model.describe(),
+            "policies": {a: {"model": refs[a], "trained_context": policy_context(resolved[refs[a]].path),
+                             "agent_context": AGENT_CONTEXT[a]} for a in p.agents},
             "backend": p.backend,
             "retriever": p.retriever if needs_retriever else "",
             "agents": ", ".join(p.agents),
@@ -588,7 +640,7 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
         with run_cm as run:
             run_id = getattr(getattr(run, "info", None), "run_id", None)
             t0 = time.perf_counter()
-            rows = evaluate_items(items, p.agents, engine, settings)
+            rows = evaluate_items(items, p.agents, engines, settings)
             meta["wall_s"] = round(time.perf_counter() - t0, 1)
             meta["samples"] = len(rows)
             if run_id is not None:

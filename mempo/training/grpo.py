@@ -258,8 +258,11 @@ def episode_metrics(episodes: Sequence[Any], rewards: Sequence[float], multi_rul
     em = [answer_correctness(ep.final_answer, ep.golden_answers, ep.objectives, multi_rule)  # type: ignore[arg-type]
           for ep in episodes]
     f1 = [token_f1(ep.final_answer, ep.golden_answers) for ep in episodes]
+    from mempo.forgetting import forgetting_rate
+
     prompt_tokens = [n for ep in episodes for n in ep.prompt_tokens]
     resp = [len(t.response_ids) for ep in episodes for t in ep.turns]
+    forgot = forgetting_rate((ep.objectives, ep.memory_steps()) for ep in episodes if ep.context == "memory")
     return {
         "reward_mean": _mean(rewards), "reward_std": _std(rewards),
         "em": _mean(em), "f1": _mean(f1),
@@ -269,6 +272,7 @@ def episode_metrics(episodes: Sequence[Any], rewards: Sequence[float], multi_rul
         "response_tokens_per_episode": _mean([ep.response_tokens for ep in episodes]),
         "prompt_tokens_per_turn": _mean(prompt_tokens),
         "hit_turn_limit": _mean([float(ep.hit_turn_limit) for ep in episodes]),
+        **({"forgetting_rate": forgot} if forgot is not None else {}),
     }
 
 
@@ -294,19 +298,19 @@ def make_rollout_setup(retriever: Any, tokenizer: Any, agent: Any, tp: Any, gree
         max_new_tokens=tp.max_new_tokens or agent.max_new_tokens,
         temperature=0.0 if greedy else agent.temperature, top_p=agent.top_p, seed=None, logprobs=False)
     config = RolloutConfig(max_turns=tp.max_turns or agent.max_turns, max_prompt_tokens=agent.max_prompt_tokens,
-                           check_masks=agent.check_masks)
+                           check_masks=agent.check_masks, turns_per_objective=agent.turns_per_objective)
     return RolloutSetup(env, sampling, config)
 
 
 def evaluate_tasks(model: Any, tokenizer: Any, tasks: Sequence[Any], setup: RolloutSetup,
-                   gen_batch: int, multi_rule: str) -> dict[str, float]:
-    """Greedy episodes on `tasks` (QAItems); outcome metrics (see `episode_metrics`)."""
+                   gen_batch: int, multi_rule: str, context: str = "memory") -> dict[str, float]:
+    """Greedy episodes on `tasks` (QAItems) in `context`; outcome metrics (see `episode_metrics`)."""
     from mempo.agent.generation import HFGenerator
     from mempo.training.rollouts import lockstep_episodes
 
     model.eval()
     eps = lockstep_episodes(list(tasks), HFGenerator(model, tokenizer, batch_size=gen_batch), setup.sampling,
-                            setup.env, tokenizer, 1, setup.config)
+                            setup.env, tokenizer, 1, setup.config, context=context)  # type: ignore[arg-type]
     rewards = [ep.outcome_reward(multi_rule=multi_rule) for ep in eps]
     return episode_metrics(eps, rewards, multi_rule)
 
@@ -358,6 +362,9 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     from mempo.training.runtime import load_policy, resolve_device, save_policy, seed_everything
 
     tp, agent, mp = params.train, params.agent, params.mempo
+    if agent.context == "full" and tp.lambda_mem != 0:
+        raise ConfigError("the full-history agent writes no memory its context depends on: train it with "
+                          "lambda_mem 0 (plain GRPO, Search-R1 style)", field="train.lambda_mem")
     out = Path(tp.out)
     seed_everything(tp.seed, deterministic=True, threads=tp.threads or None)
     device = resolve_device(tp.device)
@@ -396,14 +403,14 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
             # 1. rollouts
             model.eval()
             episodes = lockstep_episodes(items, generator, setup.sampling, setup.env, tok, tp.n_rollouts,
-                                         setup.config)
+                                         setup.config, context=agent.context)
             t1 = time.perf_counter()
             groups = [ep.item_id for ep in episodes]
             rewards = [ep.outcome_reward(mp.multi_rule, mp.format_rule, mp.format_penalty) for ep in episodes]
             # 2. memory rewards (batched teacher-forced answer probabilities)
             mem_r = None
             turns_flat = [(ep, t) for ep in episodes for t in ep.turns]
-            if tp.lambda_mem != 0 or tp.log_memory_reward:
+            if agent.context == "memory" and (tp.lambda_mem != 0 or tp.log_memory_reward):
                 full_prompts: list[str | None] = [None] * len(turns_flat)
                 if mp.eps == "full_context":
                     from mempo.agent.format import ANSWER_PROBE_PREFIX, render_prompt
@@ -451,7 +458,8 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
                         "time_step": t3 - t0})
             row["mem_scoring_share"] = row["time_mem_scoring"] / max(row["time_step"], 1e-9)
             if tp.val_every and val_tasks and (state.step % tp.val_every == 0 or state.step == tp.steps):
-                vm = evaluate_tasks(model, tok, val_tasks, val_setup, tp.generation_batch_size, mp.multi_rule)
+                vm = evaluate_tasks(model, tok, val_tasks, val_setup, tp.generation_batch_size, mp.multi_rule,
+                                    agent.context)
                 row.update({f"val_{k}": v for k, v in vm.items() if k in ("em", "f1", "format_valid", "turns")})
             state.history.append(row)
             log_metrics({k: v for k, v in row.items() if k != "step"}, step=state.step, prefix="train")
@@ -492,7 +500,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
         metrics["val_em"] = vals[-1]["val_em"]
         metrics["val_f1"] = vals[-1]["val_f1"]
     save_policy(model, tok, out / "model", {"kind": "grpo", "base": str(tp.policy), "steps": state.step,
-                                            "lambda_mem": tp.lambda_mem})
+                                            "lambda_mem": tp.lambda_mem, "context": agent.context})
     write_json(out / "metrics.json", metrics)
     write_jsonl(out / "history.jsonl", hist)
     plots = out / "plots"

@@ -13,9 +13,11 @@ samples; the episode loop itself is `mempo.agent.rollout.arun_episodes`, unchang
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from mempo.agent.context import ContextKind
 from mempo.agent.generation import Generation, Generator, SamplingParams
 from mempo.agent.rollout import Episode, RolloutConfig, TurnRequest, arun_episodes, generate_batch
 from mempo.agent.tools import ToolEnv
@@ -77,22 +79,23 @@ def lockstep_episodes(
     n_rollouts: int = 1,
     config: RolloutConfig | None = None,
     progress: bool = False,
+    context: ContextKind = "memory",
 ) -> list[Episode]:
     """Run `n_rollouts` episodes per item with lockstep batching; (item, rollout) order.
 
     Episode ids are `f"{item.id}#{r}"` (as in `arun_episodes`); the item id is the GRPO group.
+    `context`: what the policy sees each turn ("memory": MemPO's; "full": the whole history).
     """
     cfg = config or RolloutConfig()
     n = len(items) * n_rollouts
-    run_cfg = RolloutConfig(max_turns=cfg.max_turns, max_prompt_tokens=cfg.max_prompt_tokens,
-                            max_concurrent_episodes=max(n, 1), check_masks=cfg.check_masks)
+    run_cfg = dataclasses.replace(cfg, max_concurrent_episodes=max(n, 1))
     order = {f"{it.id}#{r}": k * n_rollouts + r for k, it in enumerate(items) for r in range(n_rollouts)}
     if len(order) != n:
         raise ValueError("item ids must be unique within a rollout batch")
 
     async def go() -> list[Episode]:
         policy = LockstepPolicy(generator, sampling, n, order)
-        return await arun_episodes(items, policy, env, tokenizer, "memory", run_cfg, n_rollouts,
+        return await arun_episodes(items, policy, env, tokenizer, context, run_cfg, n_rollouts,
                                    on_episode=policy.episode_done, progress=progress)
 
     return asyncio.run(go())

@@ -14,6 +14,14 @@ jsonl, one of these per line:
 
     {"messages": [{"role": ..., "content": ...}, ...], "response": "<mem> ... </mem> ..."}
     {"turns": [{"messages": [...], "response": "..."}, ...], ...}      (one episode)
+    {"question": "...", "turns": [{"response": "...", "observation": "...",
+                                   "short_observation": null}, ...]}   (an episode record)
+
+Episode records are rendered in `agent.context`: the memory agent's prompts (MemPO) or the
+whole history (the Search-R1-style baseline), so both policies learn from the same teacher
+episodes. The teacher's correct episodes are written as records to
+`OUT/trajectories/{train,val}_episodes.jsonl` (and, rendered, to `{train,val}.jsonl`); the
+full-history baseline's SFT stage reads them instead of running the teacher again.
 
 Writes `OUT/model/` (HF folder), `OUT/metrics.json`, `OUT/history.jsonl`, `OUT/plots/sft_loss.png`,
 and checkpoints under `OUT/checkpoints/` (resumable with `--resume auto`).
@@ -43,6 +51,18 @@ class SFTSample:
 
     messages: list[dict[str, str]]
     response: str
+
+
+@dataclass(frozen=True)
+class EpisodeRecord:
+    """One finished episode as text, context-free: the question and, per turn, the response,
+    the environment's observation and its short form (shown once the turn is not the last)."""
+
+    question: str
+    turns: list[dict[str, str | None]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"question": self.question, "turns": self.turns}
 
 
 @dataclass(frozen=True)
@@ -78,11 +98,34 @@ def _check_messages(messages: Any, path: Path, row: int) -> list[dict[str, str]]
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def load_sft_samples(path: str | Path) -> list[SFTSample]:
-    """Read SFT samples from a jsonl of turns or episodes (see module docstring)."""
+def _episode_record(obj: dict[str, Any], path: Path, row: int) -> EpisodeRecord:
+    if not isinstance(obj.get("question"), str) or not obj["question"].strip():
+        raise DataError("missing or empty", path=path, row=row, field="question")
+    turns = obj.get("turns")
+    if not isinstance(turns, list) or not turns:
+        raise DataError("must be a non-empty list of turns", path=path, row=row, field="turns")
+    out: list[dict[str, str | None]] = []
+    for turn in turns:
+        resp = turn.get("response") if isinstance(turn, dict) else None
+        if not isinstance(resp, str) or not resp.strip():
+            raise DataError("each turn needs a non-empty 'response'", path=path, row=row, field="turns")
+        for key in ("observation", "short_observation"):
+            if turn.get(key) is not None and not isinstance(turn[key], str):
+                raise DataError(f"'{key}' must be a string or null", path=path, row=row, field="turns")
+        out.append({"response": resp, "observation": turn.get("observation"),
+                    "short_observation": turn.get("short_observation")})
+    return EpisodeRecord(obj["question"], out)
+
+
+def load_sft_samples(path: str | Path, context: str = "memory") -> list[SFTSample]:
+    """Read SFT samples from a jsonl of turns, episodes or episode records (module docstring);
+    episode records are rendered in `context`."""
     path = Path(path)
     samples: list[SFTSample] = []
     for row, obj in iter_jsonl(path):
+        if "question" in obj and "turns" in obj:
+            samples.extend(render_episode(_episode_record(obj, path, row), context))
+            continue
         turns = obj.get("turns") if "turns" in obj else [obj]
         if not isinstance(turns, list):
             raise DataError("must be a list of turns", path=path, row=row, field="turns")
@@ -228,18 +271,26 @@ def make_optimizer(model: Any, lr: float, weight_decay: float, warmup_steps: int
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def episode_samples(episode: Any, system_prompt: str | None = None) -> list[SFTSample]:
-    """One `SFTSample` per turn of `episode`: the memory-context messages of that turn (rebuilt
-    by replaying `MemoryContext`, exactly what the policy saw) -> the turn's response text."""
-    from mempo.agent.context import MemoryContext
+def episode_record(episode: Any) -> EpisodeRecord:
+    """The text of a rollout `Episode` (`mempo.agent.rollout`), context-free."""
+    return EpisodeRecord(episode.question, [
+        {"response": t.response_text.strip(), "observation": t.observation, "short_observation": t.short_observation}
+        for t in episode.turns])
+
+
+def render_episode(record: EpisodeRecord, context: str = "memory", system_prompt: str | None = None) -> list[SFTSample]:
+    """One `SFTSample` per turn: the messages of that turn in `context` ("memory": MemPO's
+    question + last memory + last result; "full": the whole history, Search-R1 style), rebuilt
+    by replaying the context builder, exactly what the policy sees -> the turn's response."""
+    from mempo.agent.context import make_context
     from mempo.agent.format import SYSTEM_PROMPT, parse_turn
 
-    ctx = MemoryContext(episode.question, system_prompt or SYSTEM_PROMPT)
+    ctx = make_context(context, record.question, system_prompt or SYSTEM_PROMPT)  # type: ignore[arg-type]
     out: list[SFTSample] = []
-    for turn in episode.turns:
-        out.append(SFTSample(ctx.messages(), turn.response_text.strip()))
-        ctx.record_turn(turn.response_text, parse_turn(turn.response_text), turn.observation,
-                        turn.short_observation)
+    for turn in record.turns:
+        response = str(turn["response"])
+        out.append(SFTSample(ctx.messages(), response.strip()))
+        ctx.record_turn(response, parse_turn(response), turn.get("observation"), turn.get("short_observation"))
     return out
 
 
@@ -288,19 +339,34 @@ def rename_entities(samples: Sequence[SFTSample], item: Any, rng: Any,
     are reassigned at random, so no fact about any entity is taught), or are made up when
     `pool` is None.
     """
+    sub = entity_renamer(item, rng, pool)
+    if sub is None:
+        return list(samples)
+    return [SFTSample([{"role": m["role"], "content": sub(m["content"])} for m in s.messages], sub(s.response))
+            for s in samples]
+
+
+def entity_renamer(item: Any, rng: Any, pool: Sequence[str] | None = None) -> Any:
+    """The text substitution `rename_entities` applies (one fresh word per made-up word of
+    the task's chain names, drawn with `rng`), or None when the chains name nothing."""
     from mempo.world.names import fresh_word
 
     words = _chain_words(item)
     if not words:
-        return list(samples)
+        return None
     mapping = {w: (rng.choice(pool) if pool else fresh_word(rng)) for w in words}
     pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r")\b")
 
     def sub(text: str) -> str:
         return pattern.sub(lambda m: mapping[m.group(1)], text)
 
-    return [SFTSample([{"role": m["role"], "content": sub(m["content"])} for m in s.messages], sub(s.response))
-            for s in samples]
+    return sub
+
+
+def rename_record(record: EpisodeRecord, sub: Any) -> EpisodeRecord:
+    """`record` with `sub` applied to its question and every turn's texts."""
+    return EpisodeRecord(sub(record.question), [{k: (sub(v) if isinstance(v, str) else v) for k, v in t.items()}
+                                                for t in record.turns])
 
 
 def sft_tasks(
@@ -330,13 +396,13 @@ def sft_tasks(
     return tasks
 
 
-def teacher_samples(
+def teacher_episodes(
     tasks: Sequence[Any], retriever: Any, tokenizer: Any, agent: Any, multi_rule: str = "all",
     rename: float = 0.0, seed: int = 0, name_pool: Sequence[str] | None = None,
-) -> tuple[list[SFTSample], dict[str, float]]:
-    """Run the scripted teacher on `tasks` through the real retriever and keep the turns of
-    the episodes it got right (R^T = 1); a `rename` share of them gets fresh entity names
-    (`rename_entities`, drawn with `seed`). Returns (samples, stats)."""
+) -> tuple[list[EpisodeRecord], dict[str, float]]:
+    """Run the scripted teacher on `tasks` through the real retriever and keep the episodes it
+    got right (R^T = 1); a `rename` share of them gets fresh entity names (`rename_entities`,
+    drawn with `seed`). Returns (episode records, stats)."""
     from mempo.agent.rollout import RolloutConfig, run_episodes
     from mempo.agent.teacher import ScriptedTeacher
     from mempo.agent.tools import ToolConfig, ToolEnv
@@ -350,18 +416,19 @@ def teacher_samples(
     by_id = {t.id: t for t in tasks}
     rng = random.Random(seed)
     kept = [ep for ep in episodes if ep.outcome_reward(multi_rule=multi_rule) >= 1.0]
-    samples: list[SFTSample] = []
+    records: list[EpisodeRecord] = []
     renamed = 0
     for ep in kept:
-        ep_samples = episode_samples(ep)
+        rec = episode_record(ep)
         if rename > 0 and rng.random() < rename:
-            ep_samples = rename_entities(ep_samples, by_id[ep.item_id], rng, name_pool)
+            sub = entity_renamer(by_id[ep.item_id], rng, name_pool)
+            if sub is not None:
+                rec = rename_record(rec, sub)
             renamed += 1
-        samples.extend(ep_samples)
+        records.append(rec)
     stats = {"episodes": len(episodes), "correct": len(kept),
-             "teacher_em": len(kept) / max(len(episodes), 1), "samples": len(samples),
-             "renamed_episodes": renamed}
-    return samples, stats
+             "teacher_em": len(kept) / max(len(episodes), 1), "renamed_episodes": renamed}
+    return records, stats
 
 
 def run_sft(params: Any, tracking: bool = True) -> dict[str, Any]:
@@ -407,21 +474,28 @@ def _run_sft(params: Any) -> dict[str, Any]:
 
     t_data = time.perf_counter()
     data_stats: dict[str, float] = {}
+    context = params.agent.context
     if p.trajectories:
-        train_s = load_sft_samples(p.trajectories)
-        val_s = load_sft_samples(p.val_trajectories) if p.val_trajectories else []
+        train_s = load_sft_samples(p.trajectories, context)
+        val_s = load_sft_samples(p.val_trajectories, context) if p.val_trajectories else []
     else:
         from mempo.retrieval import open_retriever
 
         with open_retriever(p.retriever) as retriever:
             pool = name_word_pool(Path(p.world) / "corpus.jsonl") if p.rename_entities > 0 else None
             train_tasks = sft_tasks(p.world, "train", p.part or None, p.max_questions, p.multi_k, p.multi_tasks, p.seed)
-            val_tasks = sft_tasks(p.world, "val", None, p.val_questions, [], 0, p.seed)
-            train_s, data_stats = teacher_samples(train_tasks, retriever, tok, params.agent, params.mempo.multi_rule,
-                                                  rename=p.rename_entities, seed=p.seed, name_pool=pool)
-            val_s, _ = teacher_samples(val_tasks, retriever, tok, params.agent, params.mempo.multi_rule)
-        write_sft_samples(out / "trajectories" / "train.jsonl", train_s)
-        write_sft_samples(out / "trajectories" / "val.jsonl", val_s)
+            val_tasks = sft_tasks(p.world, "val", None, p.val_questions, p.val_multi_k, p.val_multi_tasks, p.seed)
+            train_r, data_stats = teacher_episodes(train_tasks, retriever, tok, params.agent, params.mempo.multi_rule,
+                                                   rename=p.rename_entities, seed=p.seed, name_pool=pool)
+            val_r, _ = teacher_episodes(val_tasks, retriever, tok, params.agent, params.mempo.multi_rule)
+        trajectories = out / "trajectories"
+        write_jsonl(trajectories / "train_episodes.jsonl", (r.to_dict() for r in train_r))
+        write_jsonl(trajectories / "val_episodes.jsonl", (r.to_dict() for r in val_r))
+        train_s = [s for r in train_r for s in render_episode(r, context)]
+        val_s = [s for r in val_r for s in render_episode(r, context)]
+        data_stats["samples"] = len(train_s)
+        write_sft_samples(trajectories / "train.jsonl", train_s)
+        write_sft_samples(trajectories / "val.jsonl", val_s)
     data_stats["data_seconds"] = time.perf_counter() - t_data
     train_t = tokenize_samples(train_s, tok, p.max_tokens, prompt_lm=p.prompt_loss_weight > 0)
     val_t = tokenize_samples(val_s, tok, p.max_tokens)
@@ -491,7 +565,8 @@ def _run_sft(params: Any) -> dict[str, Any]:
         "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
         **{f"data_{k}" if not k.startswith("data") else k: v for k, v in data_stats.items()},
     }
-    save_policy(model, tok, out / "model", {"kind": "sft", "base": str(p.policy), "steps": state.step})
+    save_policy(model, tok, out / "model", {"kind": "sft", "base": str(p.policy), "steps": state.step,
+                                            "context": params.agent.context})
     write_json(out / "metrics.json", metrics)
     write_jsonl(out / "history.jsonl", state.history)
     plot_curves(state.history, ["loss", "val_loss"], out / "plots" / "sft_loss.png", title="SFT loss")

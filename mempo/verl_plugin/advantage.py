@@ -53,8 +53,8 @@ class MempoAdvantageConfig:
     """
 
     lambda_mem: float = 1.0
-    eps: EpsMode = "previous"
-    form: RewardForm = "prob"
+    eps: EpsMode = "full_context"
+    form: RewardForm = "logprob"
     norm_by_std: bool = True
     mem_adv_group: MemGroupMode = "per_turn"
     adv_eps: float = 1e-6

@@ -81,7 +81,7 @@ class MemAgentSettings:
     max_turns: int = 8
     max_new_tokens: int = 512
     lambda_mem: float = 1.0
-    eps: str = "previous"
+    eps: str = "full_context"
     check_masks: bool = True
     probe_concurrency: int = 16
 

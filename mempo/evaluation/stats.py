@@ -1,0 +1,54 @@
+"""Paired comparisons of two trained variants: mean difference and a bootstrap interval.
+
+    d = paired_bootstrap(mempo_runs, grpo_runs, n_boot=2000)
+    d["mean"], d["ci95_low"], d["ci95_high"]
+
+`a_runs[s]` and `b_runs[s]` map task id -> per-task value (EM, objective EM, ...) of seed s
+for the two variants, evaluated on the same tasks. The difference is paired twice: by seed
+(both variants of seed s share the SFT start and the task order) and by task. The interval
+resamples seeds with replacement, then tasks within each drawn seed (a two-level bootstrap),
+so it reflects both seed-to-seed and task-to-task variation.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Mapping, Sequence
+
+
+def paired_bootstrap(
+    a_runs: Sequence[Mapping[str, float | None]],
+    b_runs: Sequence[Mapping[str, float | None]],
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> dict[str, float] | None:
+    """Mean over seeds of the mean per-task difference a - b, with a 95% percentile interval.
+
+    Tasks missing from either side, or valued None, are skipped. Returns None when no seed
+    has a task in common. Keys: mean, ci95_low, ci95_high, seeds, tasks_per_seed.
+    """
+    if len(a_runs) != len(b_runs):
+        raise ValueError(f"{len(a_runs)} runs of a but {len(b_runs)} of b: seeds must pair")
+    pairs: list[list[float]] = []
+    for ra, rb in zip(a_runs, b_runs, strict=True):
+        diffs = [float(va) - float(vb) for t, va in ra.items()
+                 if va is not None and (vb := rb.get(t)) is not None]
+        if diffs:
+            pairs.append(diffs)
+    if not pairs:
+        return None
+    rng = random.Random(seed)
+
+    def mean_of(groups: Sequence[Sequence[float]]) -> float:
+        return statistics.fmean(statistics.fmean(g) for g in groups)
+
+    boots = []
+    for _ in range(max(1, n_boot)):
+        groups = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        boots.append(mean_of([[g[rng.randrange(len(g))] for _ in g] for g in groups]))
+    boots.sort()
+    lo = boots[int(0.025 * (len(boots) - 1))]
+    hi = boots[int(round(0.975 * (len(boots) - 1)))]
+    return {"mean": mean_of(pairs), "ci95_low": lo, "ci95_high": hi, "seeds": len(pairs),
+            "tasks_per_seed": statistics.fmean(len(g) for g in pairs)}
