@@ -76,6 +76,7 @@ def test_register_logs_a_logged_model_with_its_evidence_and_few_tags(mlflow_uri:
     ev = _eval_dir(tmp_path, full, benchmarks=("world", "world-k2", "world-k4", "world-k8"))
     train_metrics = tmp_path / "train" / "metrics.json"
     train_metrics.parent.mkdir()
+    mlflow.set_tracking_uri(mlflow_uri)  # an earlier test may have pointed the fluent API elsewhere
     with mlflow.start_run() as train_run:
         mlflow.set_tag("mempo.stage", "train")
     train_metrics.write_text(json.dumps({"final_reward_mean": 0.3, "final_kl": 0.02, "steps": 20,
@@ -126,6 +127,7 @@ def test_register_links_only_runs_it_can_prove(mlflow_uri: str, tmp_path: Path,
     assert r.source_run_id is None and r.eval_run_id is None
 
     # The ids the stages recorded in their own outputs are used ...
+    mlflow.set_tracking_uri(mlflow_uri)  # an earlier test may have pointed the fluent API elsewhere
     with mlflow.start_run() as train_run, mlflow.start_run(nested=True) as eval_run:
         pass
     (ev / "eval.json").write_text(json.dumps({"mlflow_run_id": eval_run.info.run_id}))
