@@ -165,11 +165,22 @@ def test_a_retried_registration_returns_the_version_it_created(mlflow_uri: str, 
     assert other.created and other.version == "2"
 
 
+def _start_race(procs: list[subprocess.Popen], ready: list[Path], start: Path) -> None:
+    """Touch `start` once every racer has imported mlflow (however slow the machine is)."""
+    deadline = time.monotonic() + 600
+    while not all(r.exists() for r in ready):
+        assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+        assert time.monotonic() < deadline, "racers did not start"
+        time.sleep(0.05)
+    start.touch()
+
+
 REGISTER_RACER = """
 import sys, time
 from pathlib import Path
 from mempo.registry import register_model
 start = Path(sys.argv[3])
+Path(sys.argv[4]).touch()  # imported: ready to race
 while not start.exists():
     time.sleep(0.01)
 print(register_model("agent", sys.argv[1], sys.argv[2]).version)
@@ -181,12 +192,12 @@ def test_two_racing_retries_of_one_registration_create_one_version(mlflow_uri: s
     model, start = _model_dir(tmp_path, "race"), tmp_path / "go"
     mlflow.MlflowClient(mlflow_uri).search_experiments()  # create the store's tables before the race
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, "MEMPO_PROJECT_ROOT": str(tmp_path)}
-    procs = [subprocess.Popen([sys.executable, "-c", REGISTER_RACER, str(model), str(ev / "metrics.json"), str(start)],
+    procs = [subprocess.Popen([sys.executable, "-c", REGISTER_RACER, str(model), str(ev / "metrics.json"), str(start),
+                               str(tmp_path / f"ready-{i}")],
                               env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    time.sleep(4)  # both have imported mlflow and wait on the start file
-    start.touch()
-    outs = [p.communicate(timeout=180) for p in procs]
+             for i in range(2)]
+    _start_race(procs, [tmp_path / f"ready-{i}" for i in range(2)], start)
+    outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     assert [o[0].strip().splitlines()[-1] for o in outs] == ["1", "1"]
     assert len(mlflow.MlflowClient(mlflow_uri).search_model_versions("name = 'agent'")) == 1
@@ -267,9 +278,10 @@ from pathlib import Path
 from mempo.registry import GateConfig, promote
 gate = GateConfig(primary_metric="memory/world/em", required_benchmarks=())
 start = Path(sys.argv[2])
+Path(sys.argv[3]).touch()  # imported: ready to race
 while not start.exists():
     time.sleep(0.01)
-d = promote("agent", gate, version=sys.argv[1])
+d = promote("agent", gate, version=sys.argv[1], lock_wait_s=600)
 print("PROMOTED" if d.promoted else "REJECTED")
 """
 
@@ -282,11 +294,11 @@ def test_two_racing_promotions_end_with_the_best_champion(mlflow_uri: str, tmp_p
     v3 = _register(tmp_path, "agent", {"memory/world/em": 0.40})
     start = tmp_path / "go"
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri}
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, v, str(start)], env=env, cwd=tmp_path,
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, v, str(start), str(tmp_path / f"ready-{v}")],
+                              env=env, cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for v in (v2, v3)]
-    time.sleep(4)  # both have imported mlflow and wait on the start file
-    start.touch()
-    outs = [p.communicate(timeout=120) for p in procs]
+    _start_race(procs, [tmp_path / f"ready-{v}" for v in (v2, v3)], start)
+    outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     # Either order, serialised: v2 (0.50) must end as champion. Without the lock both could
     # compare against v1 and the later writer (possibly v3) would win.
