@@ -279,16 +279,21 @@ def run_pipeline(
             do_promote = pp.promote if promote is None else promote
             registered = root / params.registration.out / "registered.json"
             if do_promote and registered.exists() and (not targets or "register" in targets):
-                from mempo.registry import gate_from_params
+                from mempo.registry import gate_from_params, has_version
                 from mempo.registry import promote as promote_version
 
                 reg = json.loads(registered.read_text())
-                decision = promote_version(
-                    reg["name"], gate_from_params(params.promote), version=reg["version"],
-                    out=root / params.promote.out / "decision.json", lock_wait_s=params.promote.lock_wait_s,
-                )
-                result.promotion = {"promoted": decision.promoted, "summary": decision.summary(),
-                                    "already_champion": decision.already_champion}
+                if not has_version(reg["name"], reg["version"]):
+                    # registered.json came with `dvc pull`; the version lives in another store.
+                    result.notes.append(f"Promotion:   skipped: {reg['model_uri']} is not in this MLflow store "
+                                        "(outputs pulled from another clone?); `dvc repro -f register` registers it here")
+                else:
+                    decision = promote_version(
+                        reg["name"], gate_from_params(params.promote), version=reg["version"],
+                        out=root / params.promote.out / "decision.json", lock_wait_s=params.promote.lock_wait_s,
+                    )
+                    result.promotion = {"promoted": decision.promoted, "summary": decision.summary(),
+                                        "already_champion": decision.already_champion}
             if parent_id is not None and (root / "dvc.lock").exists():
                 from mlflow import MlflowClient
 

@@ -707,6 +707,17 @@ class PromotionDecision:
         return f"{self.model} v{self.challenger_version} vs {vs}: {verdict}{why}"
 
 
+def has_version(name: str, version: str | int) -> bool:
+    """Whether this tracking store has version `version` of model `name`."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        _client().get_model_version(name, str(version))
+    except MlflowException:
+        return False
+    return True
+
+
 def _newest_version(client: MlflowClient, name: str) -> str:
     versions = client.search_model_versions(f"name = '{name}'")
     if not versions:

@@ -157,6 +157,11 @@ def test_a_clone_with_dvc_pull_reproduces_nothing(tiny_project: dict, tmp_path: 
     for rel in ("outputs/train/model", "outputs/eval/metrics.json", "outputs/register/headline.json", "data/world"):
         assert (clone / rel).exists(), rel
     assert (clone / "outputs/eval/metrics.json").read_bytes() == (root / "outputs/eval/metrics.json").read_bytes()
+    # `make run` there: nothing to do; the registered version lives in the first clone's
+    # MLflow store, so the gate is skipped with a note rather than failing.
+    run = _run([str(BIN / "mempo"), "pipeline", "run"], clone)
+    assert "stages run: nothing (up to date)" in run.stdout
+    assert "Promotion:   skipped: models:/mempo-agent/1 is not in this MLflow store" in run.stdout
 
 
 def test_lambda_mem_change_reruns_only_train_eval_register(tiny_project: dict) -> None:
