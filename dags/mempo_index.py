@@ -9,7 +9,7 @@ retriever Deployment (containers/retriever/k8s/deployment.yaml) all mount at
 `current` and only become Ready once `/health` answers (a rolling update: no downtime), and
 `retriever_ready` waits for the rollout.
 
-    airflow dags test mempo_index -c '{"corpus": "outputs/world/corpus.jsonl", "index_root": "/tmp/idx"}'
+    airflow dags test mempo_index -c '{"corpus": "data/world/corpus.jsonl", "index_root": "/tmp/idx"}'
 """
 
 from __future__ import annotations

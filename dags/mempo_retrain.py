@@ -12,7 +12,7 @@ finds the merged model in `<run>/train/model` on the run volume, which the Ray p
 the same path. The pod's service account (`mempo-rayjob-submitter`,
 containers/train/k8s/rayjob-rbac.yaml) may create, read and delete RayJobs.
 
-    airflow dags test mempo_retrain -c '{"workdir": "/tmp/runs", "qa_dir": "outputs/world/qa", ...}'
+    airflow dags test mempo_retrain -c '{"workdir": "/tmp/runs", "qa_dir": "data/world/qa", ...}'
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The `mempo` command line: one subcommand per stage.
 
     mempo --help
-    mempo world generate --out outputs/world --size small
+    mempo world generate --out data/world --size small
     mempo --set train.lambda_mem=0 train grpo ...
 
 Each stage's arguments live in `mempo/commands/<stage>.py`, which only parses them and

@@ -32,7 +32,7 @@ class WorldParams(Section):
 
     seed: int = 13
     size: Literal["tiny", "small", "medium"] = "small"
-    out: str = "outputs/world"
+    out: str = "data/world"
 
 
 class PolicyParams(Section):
@@ -40,8 +40,8 @@ class PolicyParams(Section):
 
     kind: Literal["tiny", "smollm2", "base"] = "tiny"
     out: str = "outputs/policy"
-    corpus: str = "outputs/world/corpus.jsonl"
-    questions: list[str] = Field(default_factory=lambda: ["outputs/world/qa/train.jsonl"])
+    corpus: str = "data/world/corpus.jsonl"
+    questions: list[str] = Field(default_factory=lambda: ["data/world/qa/train.jsonl"])
     base_model: str = ""
     vocab_size: int = Field(1536, ge=300)
     hidden_size: int = Field(128, ge=8)
@@ -74,8 +74,8 @@ class Composition(Section):
 
 def _default_sources() -> list[DataSource]:
     return [
-        DataSource(name="world", path="outputs/world/qa/train.jsonl", split="train"),
-        DataSource(name="world", path="outputs/world/qa/val.jsonl", split="val"),
+        DataSource(name="world", path="data/world/qa/train.jsonl", split="train"),
+        DataSource(name="world", path="data/world/qa/val.jsonl", split="val"),
     ]
 
 
@@ -91,10 +91,10 @@ class DataParams(Section):
     dedup: bool = True
     seed: int = 0
     leakage: Literal["drop", "fail"] = "drop"
-    eval_sets: list[str] = Field(default_factory=lambda: ["outputs/world/qa/test.jsonl"])
+    eval_sets: list[str] = Field(default_factory=lambda: ["data/world/qa/test.jsonl"])
     ability: str = "fact-reasoning"
     gate: bool = True
-    out: str = "outputs/data"
+    out: str = "data/prepared"
 
 
 class ValidateBounds(Section):
@@ -131,9 +131,11 @@ class RegisterParams(Section):
     model_name: str = Field("mempo-agent", min_length=1)
     model_dir: str = "outputs/train/model"
     metrics: str = "outputs/eval/metrics.json"
+    train_metrics: str = ""   # "" = metrics.json beside model_dir (the train stage's own)
+    headline: str = ""        # "" = <out>/headline.json
     # Inputs whose versions (DVC md5 or sha256) become `data.<name>.*` version tags.
     data: dict[str, str] = Field(
-        default_factory=lambda: {"world": "outputs/world", "train_data": "outputs/data"}
+        default_factory=lambda: {"world": "data/world", "train_data": "data/prepared"}
     )
     out: str = "outputs/register"
 
@@ -151,6 +153,8 @@ class PromoteParams(Section):
     required_benchmarks: list[str] = Field(default_factory=lambda: ["world"])
     benchmark_metric: str = "memory/{benchmark}/em"
     floors: dict[str, float] = Field(default_factory=dict)
+    min_eval_n: int = Field(1, ge=1)
+    same_eval_set: bool = True
     lock_wait_s: float = Field(120.0, gt=0.0)
     out: str = "outputs/promote"
 
@@ -165,7 +169,7 @@ class BenchmarksParams(Section):
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
-    world: str | None = "outputs/world/qa/test.jsonl"
+    world: str | None = "data/world/qa/test.jsonl"
     nq: str | None = None
     triviaqa: str | None = None
     popqa: str | None = None
@@ -258,7 +262,7 @@ class SFTParams(Section):
 
     policy: str = "outputs/policy"
     out: str = "outputs/sft"
-    world: str = "outputs/world"
+    world: str = "data/world"
     retriever: str = "outputs/index"
     trajectories: str = ""
     val_trajectories: str = ""
@@ -300,12 +304,13 @@ class PipelineParams(Section):
     retriever_host: str = "127.0.0.1"
     retriever_start_timeout_s: float = Field(300.0, gt=0.0)
     promote: bool = True
+    push: bool = True
 
 
 class IndexParams(Section):
     """`mempo index build`: the retrieval index (mempo.retrieval.index)."""
 
-    corpus: str = "outputs/world/corpus.jsonl"
+    corpus: str = "data/world/corpus.jsonl"
     out: str = "outputs/index"
     method: Literal["bm25", "dense"] = "bm25"
     encoder: str = "all-MiniLM-L6-v2"
@@ -379,7 +384,7 @@ class ServeParams(ServiceLimitParams):
 class CorpusParams(Section):
     """`mempo corpus wiki-sample`: real Wikipedia lead summaries in the wiki-18 format."""
 
-    wiki_out: str = "outputs/wiki_sample/corpus.jsonl"
+    wiki_out: str = "data/corpora/wiki_sample/corpus.jsonl"
     wiki_lang: Literal["en-us", "es-es", "fr-fr"] = "en-us"
     words_per_passage: int = Field(100, ge=0)
 
@@ -389,7 +394,7 @@ class TrainParams(Section):
 
     policy: str = "outputs/sft/model"
     out: str = "outputs/train"
-    data: str = "outputs/data"
+    data: str = "data/prepared"
     retriever: str = "outputs/index"
     steps: int = Field(20, ge=1)
     batch_questions: int = Field(8, ge=1)
@@ -425,7 +430,7 @@ class VerlParams(Section):
     """`mempo train verl`: MemPO on verl 0.9.1 (Ray + GPUs, SGLang rollouts); see configs/verl/."""
 
     policy: str = "outputs/sft/model"
-    data: str = "outputs/data"
+    data: str = "data/prepared"
     retriever: str = "http://127.0.0.1:8013"
     out: str = "outputs/train"
     config: str = "configs/verl/mempo_trainer.yaml"

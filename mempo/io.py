@@ -14,7 +14,7 @@ Kubernetes volume mounts see what they always saw. Where the filesystem cannot s
 between the two renames leaves that sibling, and the next `atomic_dir` (or `recover_dir`)
 on the path moves it back.
 
-    with atomic_path("outputs/world/corpus.jsonl") as tmp:   # a file
+    with atomic_path("data/world/corpus.jsonl") as tmp:   # a file
         write(tmp)
     with atomic_dir("outputs/index") as tmp:                 # a whole folder
         build_into(tmp)

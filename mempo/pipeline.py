@@ -23,6 +23,8 @@ What happens, in order:
 6. dvc.lock is logged to the parent run, each stage run is tagged with the hashes DVC
    recorded for it, and the summary is printed: the stages whose command ran (read from
    DVC's own "Running stage" lines, not predicted) and those restored from the run cache.
+7. `dvc push` sends the outputs to the default DVC remote (`pipeline.push: true`; the
+   repository's default is `local`, the ignored folder `.dvc-remote/`).
 
 Stopping: `dvc repro` runs in its own process group. When this process is interrupted
 (Ctrl-C, or SIGTERM, which the CLI turns into an exception), the group gets SIGINT (DVC
@@ -71,6 +73,7 @@ TINY_OVERRIDES: dict[str, Any] = {
     "eval.limit": 2, "eval.benchmarks": ["world"], "eval.agents": ["memory"], "eval.max_turns": 2,
     "eval.max_new_tokens": 24, "eval.memory_probe": False,
     "promote.floors": {},  # a 2-step SFT policy never answers; the tiny run checks the wiring, not quality
+    "promote.min_eval_n": 1,
 }
 
 
@@ -314,6 +317,20 @@ def _repro(root: Path, force: bool, targets: list[str] | None, extra_env: dict[s
         raise MempoError(f"`dvc {' '.join(cmd[1:])}` failed (exit {returncode}); see the stage output above")
 
 
+def push_outputs(root: str | Path = ".") -> str | None:
+    """`dvc push` every stage output to the default DVC remote; the remote's name, or None
+    when no default remote is configured (nothing pushed). Raises `MempoError` on failure."""
+    proc = subprocess.run([_dvc(), "remote", "default"], cwd=root, env=_env(), capture_output=True, text=True)
+    remote = proc.stdout.strip() if proc.returncode == 0 else ""
+    if not remote:
+        return None
+    proc = subprocess.run([_dvc(), "push", "--quiet"], cwd=root, env=_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise MempoError(f"`dvc push` to remote '{remote}' failed (exit {proc.returncode}): "
+                         f"{(proc.stderr or proc.stdout).strip()[-500:]}")
+    return remote
+
+
 def run_pipeline(
     root: str | Path = ".",
     force: bool = False,
@@ -370,16 +387,21 @@ def run_pipeline(
             do_promote = pp.promote if promote is None else promote
             registered = root / params.registration.out / "registered.json"
             if do_promote and registered.exists() and (not targets or "register" in targets):
-                from mempo.registry import gate_from_params
+                from mempo.registry import gate_from_params, has_version
                 from mempo.registry import promote as promote_version
 
                 reg = json.loads(registered.read_text())
-                decision = promote_version(
-                    reg["name"], gate_from_params(params.promote), version=reg["version"],
-                    out=root / params.promote.out / "decision.json", lock_wait_s=params.promote.lock_wait_s,
-                )
-                result.promotion = {"promoted": decision.promoted, "summary": decision.summary(),
-                                    "already_champion": decision.already_champion}
+                if not has_version(reg["name"], reg["version"]):
+                    # registered.json came with `dvc pull`; the version lives in another store.
+                    result.notes.append(f"Promotion:   skipped: {reg['model_uri']} is not in this MLflow store "
+                                        "(outputs pulled from another clone?); `dvc repro -f register` registers it here")
+                else:
+                    decision = promote_version(
+                        reg["name"], gate_from_params(params.promote), version=reg["version"],
+                        out=root / params.promote.out / "decision.json", lock_wait_s=params.promote.lock_wait_s,
+                    )
+                    result.promotion = {"promoted": decision.promoted, "summary": decision.summary(),
+                                        "already_champion": decision.already_champion}
             if parent_id is not None and (root / "dvc.lock").exists():
                 from mlflow import MlflowClient
 
@@ -391,6 +413,12 @@ def run_pipeline(
             os.environ.pop("MEMPO_PROJECT_ROOT", None)
         else:
             os.environ["MEMPO_PROJECT_ROOT"] = env_before
+    if pp.push:
+        # After the run: what was reproduced (or restored from the cache) goes to the remote,
+        # so `dvc pull` in another clone gets it and `dvc repro` there reruns nothing.
+        remote = push_outputs(root)
+        result.notes.append(f"DVC remote:  outputs pushed to '{remote}' (dvc pull in another clone)"
+                            if remote else "DVC remote:  none configured, nothing pushed (dvc remote add -d ...)")
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -429,4 +457,6 @@ def summarize(root: str | Path = ".", result: PipelineResult | None = None) -> l
                      f"{', '.join(result.retriever_stages)} and was stopped")
     if result is not None and result.parent_run_id:
         lines.append(f"Parent run:  {result.parent_run_id}")
+    if result is not None:
+        lines.extend(result.notes)
     return lines

@@ -2,7 +2,7 @@
 
     from mempo.tracking import stage_run, log_metrics, log_json, log_plot
 
-    with stage_run("train", params=params, data={"train_data": "outputs/data"}) as run:
+    with stage_run("train", params=params, data={"train_data": "data/prepared"}) as run:
         log_metrics({"loss": 0.3}, step=10)
         log_json({"eval_em": 0.41}, "metrics.json")
         log_plot("outputs/train/plots/reward.png")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -44,34 +43,31 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float = 900, **env: str) -> subprocess.CompletedProcess:
+    env = {"PYTHONPATH": str(cwd), **env}  # the project's own code, not whatever mempo is installed
     proc = subprocess.run(cmd, cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return proc
 
 
-def _copy_checkout(dst: Path) -> None:
-    """The files a fresh clone has (tracked, plus new files not ignored), without outputs or stores."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout.split("\0")
-    for rel in filter(None, listed):
-        src = REPO / rel
-        if src.is_file():
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst / rel)
-
-
 @pytest.fixture(scope="module")
 def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """A copy of the checkout with the tiny params, after one `mempo pipeline run`."""
-    root = tmp_path_factory.mktemp("project")
-    _copy_checkout(root)
+    """A fresh clone of the committed tree with the tiny params, after one `mempo pipeline run`.
+
+    Commit your work first: like a user's clone, this sees only what git has. Its stages run
+    the clone's own code (PYTHONPATH).
+    """
+    root = tmp_path_factory.mktemp("project") / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(root)], check=True, capture_output=True)
     write_params_with(root / "params.yaml", root / "params.yaml", TINY_OVERRIDES)
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "tiny"]):
-        subprocess.run(cmd, cwd=root, check=True, capture_output=True)
+    _git(root, "commit", "-qam", "tiny profile")
     t0 = time.perf_counter()
     first = _run([str(BIN / "mempo"), "pipeline", "run"], root)
     return {"root": root, "first": first, "first_seconds": time.perf_counter() - t0}
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=root,
+                          check=True, capture_output=True, text=True).stdout
 
 
 def _ran(proc: subprocess.CompletedProcess) -> list[str]:
@@ -107,7 +103,31 @@ def test_make_run_ends_with_a_registered_champion_and_the_report(tiny_project: d
     assert match, out[-3000:]
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", int(match.group(2)))) != 0, "the retrieval service is still up"
+    # The version: a logged model linked to the train and eval runs, and few tags.
+    version = client.get_model_version("mempo-agent", "1")
+    assert version.tags["source_run_id"] == by_stage["train"].info.run_id
+    assert version.tags["eval_run_id"] == by_stage["eval"].info.run_id
+    assert version.tags["eval_set.world"].startswith("n=2 ")
+    assert len(version.tags) < 45, sorted(version.tags)
+    model = client.get_logged_model(version.source.removeprefix("models:/"))
+    assert model.source_run_id == by_stage["train"].info.run_id
+    assert {m.run_id for m in model.metrics} >= {by_stage["eval"].info.run_id}
     print(f"\nmake run (tiny) wall time: {tiny_project['first_seconds']:.0f} s")
+
+
+def test_a_fresh_clone_run_leaves_dvc_and_git_clean(tiny_project: dict) -> None:
+    root = tiny_project["root"]
+    assert json.loads(_run([str(BIN / "dvc"), "status", "--json"], root).stdout) == {}
+    # No untracked DVC file (a .gitignore DVC had to add, a stray lock): only dvc.lock changed.
+    changed = _git(root, "status", "--porcelain", "--untracked-files=all").splitlines()
+    assert [line for line in changed if not line.endswith(" dvc.lock")] == [], changed
+    # `dvc metrics show`: one file, one row, the headline numbers only.
+    shown = _run([str(BIN / "dvc"), "metrics", "show"], root).stdout.strip().splitlines()
+    assert len(shown) == 2 and shown[1].startswith("outputs/register/headline.json"), shown
+    headline = json.loads((root / "outputs" / "register" / "headline.json").read_text())
+    assert set(headline) == {"em.world", "tokens.memory", "train.reward", "train.kl"}
+    assert headline["em.world"] == json.loads((root / "outputs" / "eval" / "metrics.json").read_text())[
+        "memory/world/em"]
 
 
 def test_second_run_is_a_noop(tiny_project: dict) -> None:
@@ -121,6 +141,29 @@ def test_second_run_is_a_noop(tiny_project: dict) -> None:
     assert json.loads(status.stdout) == {}
 
 
+def test_a_clone_with_dvc_pull_reproduces_nothing(tiny_project: dict, tmp_path: Path) -> None:
+    root = tiny_project["root"]
+    _git(root, "add", "dvc.lock")
+    _git(root, "commit", "-qm", "dvc.lock of the tiny run")
+    clone = tmp_path / "second"
+    _git(tmp_path, "clone", "-q", str(root), str(clone))
+    # The default remote is the ignored folder .dvc-remote/ of each clone; this one reads
+    # the first clone's, where `mempo pipeline run` pushed.
+    _run([str(BIN / "dvc"), "remote", "modify", "--local", "local", "url", str(root / ".dvc-remote")], clone)
+    _run([str(BIN / "dvc"), "pull"], clone)
+    assert json.loads(_run([str(BIN / "dvc"), "status", "--json"], clone).stdout) == {}
+    repro = _run([str(BIN / "dvc"), "repro"], clone)
+    assert _ran(repro) == [], repro.stdout[-2000:]
+    for rel in ("outputs/train/model", "outputs/eval/metrics.json", "outputs/register/headline.json", "data/world"):
+        assert (clone / rel).exists(), rel
+    assert (clone / "outputs/eval/metrics.json").read_bytes() == (root / "outputs/eval/metrics.json").read_bytes()
+    # `make run` there: nothing to do; the registered version lives in the first clone's
+    # MLflow store, so the gate is skipped with a note rather than failing.
+    run = _run([str(BIN / "mempo"), "pipeline", "run"], clone)
+    assert "stages run: nothing (up to date)" in run.stdout
+    assert "Promotion:   skipped: models:/mempo-agent/1 is not in this MLflow store" in run.stdout
+
+
 def test_lambda_mem_change_reruns_only_train_eval_register(tiny_project: dict) -> None:
     root = tiny_project["root"]
     params = yaml.safe_load((root / "params.yaml").read_text())
@@ -128,12 +171,38 @@ def test_lambda_mem_change_reruns_only_train_eval_register(tiny_project: dict) -
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     try:
         status = json.loads(_run([str(BIN / "dvc"), "status", "--json"], root).stdout)
-        assert list(status) == ["train"]
+        # train_full reads the `train` section too (it pins lambda_mem to 0 on its command line).
+        assert sorted(status) == ["train", "train_full"]
         dry = _run([str(BIN / "dvc"), "repro", "--dry", "--force-downstream"], root)
-        assert sorted(_ran(dry)) == ["eval", "register", "train"]
+        assert sorted(_ran(dry)) == ["eval", "register", "train", "train_full"]
     finally:
         params["train"]["lambda_mem"] = TINY_OVERRIDES.get("train.lambda_mem", 1.0)
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def test_ablations_run_as_dvc_experiments_and_compare_in_dvc_exp_show(tiny_project: dict) -> None:
+    root = tiny_project["root"]
+    proc = _run([sys.executable, "-m", "mempo.ablation", "--only", "mempo", "no-mem-adv"], root, timeout=1500)
+    table = proc.stdout
+    assert "[mempo]" in table and "[no-mem-adv]" in table, table
+    exps = json.loads(_run([str(BIN / "dvc"), "exp", "show", "--json"], root).stdout)
+    found = {}
+    for rev in exps:
+        for exp in rev.get("experiments") or []:
+            for run in exp.get("revs") or []:
+                if run.get("name") in ("mempo", "no-mem-adv"):
+                    params = run["data"]["params"]["params.yaml"]["data"]
+                    metrics = run["data"]["metrics"]["outputs/register/headline.json"]["data"]
+                    found[run["name"]] = (params["train"]["lambda_mem"], params["world"]["size"], metrics)
+    assert set(found) == {"mempo", "no-mem-adv"}, json.dumps(exps)[:3000]
+    assert found["no-mem-adv"][0] == 0 and found["mempo"][0] == 1.0
+    assert {f[1] for f in found.values()} == {"tiny"}
+    assert all("em.world" in f[2] and "train.kl" in f[2] for f in found.values())
+    # Their runs went to the project's store, their models to the ablation model, not the production one.
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    assert client.get_experiment_by_name("mempo-ablations") is not None
+    assert len(client.search_model_versions("name = 'mempo-agent-ablation'")) == 2
+    assert len(client.search_model_versions("name = 'mempo-agent'")) == 1
 
 
 @pytest.mark.skipif(
@@ -149,12 +218,12 @@ def test_airflow_dags_test_mempo_retrain_on_the_tiny_world(tiny_project: dict, t
         "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "MEMPO_AIRFLOW_MODE": "local",
         "MEMPO_CLI": str(BIN / "mempo"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-        "MLFLOW_ARTIFACTS_DESTINATION": str(tmp_path / "mlartifacts"),
+        "MLFLOW_ARTIFACTS_DESTINATION": str(tmp_path / "mlartifacts"), "PYTHONPATH": str(root),
     }
     _run([str(BIN / "airflow"), "db", "migrate"], tmp_path, **env)
     conf = {
         "workdir": str(tmp_path / "runs"), "project_dir": str(root), "params_file": "params.yaml",
-        "qa_dir": str(root / "outputs" / "world" / "qa"), "init_model": str(root / "outputs" / "sft" / "model"),
+        "qa_dir": str(root / "data" / "world" / "qa"), "init_model": str(root / "outputs" / "sft" / "model"),
         "retriever": str(root / "outputs" / "index"), "eval_limit": 2,
     }
     t0 = time.perf_counter()

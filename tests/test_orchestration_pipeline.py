@@ -3,6 +3,7 @@ block fails), and a failing stage ending the MLflow parent run FAILED."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -84,3 +85,25 @@ def test_a_failing_stage_fails_the_run_and_its_parent_run(tmp_path: Path, monkey
     assert [r.info.status for r in runs] == ["FAILED"]
     assert (tmp_path / "ok.txt").read_text().strip() == "fine"
     assert "MEMPO_PARENT_RUN_ID" not in os.environ
+
+
+def test_run_pipeline_pushes_its_outputs_to_the_default_remote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dvc = str(Path(sys.executable).parent / "dvc")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "ok": {"cmd": "echo fine > ok.txt", "outs": ["ok.txt"]},
+    }}))
+    (tmp_path / "params.yaml").write_text("pipeline: {serve_retriever: false, promote: false}\n")
+    for cmd in (["git", "init", "-q"], [dvc, "init", "-q"]):
+        subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.delenv("MEMPO_PARENT_RUN_ID", raising=False)
+    # No default remote: nothing to push, and the summary says so.
+    result = run_pipeline(tmp_path)
+    assert result.notes == ["DVC remote:  none configured, nothing pushed (dvc remote add -d ...)"]
+    # With one (as the repository's .dvc/config sets `local`), the outputs land in it.
+    subprocess.run([dvc, "remote", "add", "-d", "local", "remote"], cwd=tmp_path, check=True, capture_output=True)
+    result = run_pipeline(tmp_path)
+    assert result.ran == [] and result.notes[0].startswith("DVC remote:  outputs pushed to 'local'")
+    cloud = subprocess.run([dvc, "status", "--cloud", "--json"], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert json.loads(cloud.stdout) == {}
+    assert [p.read_text() for p in (tmp_path / "remote").rglob("*") if p.is_file()] == ["fine\n"]

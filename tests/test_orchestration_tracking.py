@@ -93,7 +93,7 @@ def test_stage_runs_get_the_hashes_dvc_recorded(mlflow_uri: str, tmp_path: Path,
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
     (tmp_path / "dvc.lock").write_text(
         "schema: '2.0'\nstages:\n  train:\n    cmd: mempo train grpo\n"
-        "    deps:\n    - path: outputs/data\n      md5: abc.dir\n"
+        "    deps:\n    - path: data/prepared\n      md5: abc.dir\n"
         "    params:\n      params.yaml:\n        train.lambda_mem: 1.0\n"
         "    outs:\n    - path: outputs/train/model\n      md5: def.dir\n"
     )
@@ -104,6 +104,6 @@ def test_stage_runs_get_the_hashes_dvc_recorded(mlflow_uri: str, tmp_path: Path,
             pass
     assert tracking.tag_stage_runs_with_dvc_hashes(parent_id) == 1
     tags = mlflow.MlflowClient(mlflow_uri).get_run(run.info.run_id).data.tags
-    assert tags["dvc.deps.outputs/data"] == "abc.dir"
+    assert tags["dvc.deps.data/prepared"] == "abc.dir"
     assert tags["dvc.outs.outputs/train/model"] == "def.dir"
     assert len(tags["dvc.params.sha256"]) == 16

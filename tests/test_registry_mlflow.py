@@ -28,20 +28,35 @@ from mempo.registry import (
 )
 
 GATE = GateConfig(primary_metric="memory/world/em", min_gain=0.0, tolerance=0.02,
-                  required_benchmarks=("world",), floors={"memory/world/em": 0.05})
+                  required_benchmarks=("world",), floors={"memory/world/em": 0.05}, min_eval_n=16)
+N = 16  # questions per benchmark in these evaluations
 
 
-def _model_dir(tmp: Path) -> Path:
+def _model_dir(tmp: Path, content: str = "") -> Path:
     d = tmp / "model"
     d.mkdir(exist_ok=True)
     (d / "config.json").write_text('{"model_type": "qwen2"}')
+    if content:
+        (d / "weights.txt").write_text(content)
     return d
 
 
-def _register(tmp: Path, name: str, metrics: dict[str, float]) -> str:
-    m = tmp / f"metrics-{time.monotonic_ns()}.json"
-    m.write_text(json.dumps(metrics))
-    return register_model(name, _model_dir(tmp), m, data={"metrics": m}).version
+def _eval_dir(tmp: Path, metrics: dict, n: int = N, benchmarks: tuple[str, ...] = ("world",)) -> Path:
+    """An eval stage's output: metrics.json and the samples.parquet of `n` questions per benchmark."""
+    import pandas as pd
+
+    d = tmp / f"eval-{time.monotonic_ns()}"
+    d.mkdir()
+    (d / "metrics.json").write_text(json.dumps({**{f"memory/{b}/n": n for b in benchmarks}, **metrics}))
+    pd.DataFrame([{"agent": "memory", "benchmark": b, "id": f"{b}-{i}", "question": f"q {i}?",
+                   "golden_answers": [f"a{i}"]} for b in benchmarks for i in range(n)]).to_parquet(d / "samples.parquet")
+    return d
+
+
+def _register(tmp: Path, name: str, metrics: dict[str, float], **kw) -> str:
+    m = _eval_dir(tmp, metrics) / "metrics.json"
+    return register_model(name, _model_dir(tmp, json.dumps(metrics, sort_keys=True)), m,
+                          data={"metrics": m}, **kw).version
 
 
 def _alias(client: mlflow.MlflowClient, name: str, alias: str) -> str | None:
@@ -51,27 +66,141 @@ def _alias(client: mlflow.MlflowClient, name: str, alias: str) -> str | None:
         return None
 
 
-def test_register_records_metrics_lineage_and_artifacts(mlflow_uri: str, tmp_path: Path) -> None:
+def test_register_logs_a_logged_model_with_its_evidence_and_few_tags(mlflow_uri: str, tmp_path: Path) -> None:
     out = tmp_path / "out" / "registered.json"
-    metrics = tmp_path / "metrics.json"
-    metrics.write_text(json.dumps({"memory/world/em": 0.4, "memory": {"world-k2": {"em": 0.2}}, "note": "x"}))
+    full = {f"{a}/{b}/{m}": 0.1 for a in ("memory", "full_context", "rag", "direct", "external_memory")
+            for b in ("world", "world-k2", "world-k4", "world-k8")
+            for m in ("em", "f1", "substring_em", "format_valid", "turns", "searches", "latency_s",
+                      "peak_prompt_tokens", "total_prompt_tokens", "generated_tokens", "truncated", "memory_probe")}
+    full.update({"memory/world/em": 0.4, "memory/world-k2/em": 0.2, "full_context/world-k8/peak_prompt_tokens": 2000.0})
+    ev = _eval_dir(tmp_path, full, benchmarks=("world", "world-k2", "world-k4", "world-k8"))
+    train_metrics = tmp_path / "train" / "metrics.json"
+    train_metrics.parent.mkdir()
+    mlflow.set_tracking_uri(mlflow_uri)  # an earlier test may have pointed the fluent API elsewhere
     with mlflow.start_run() as train_run:
         mlflow.set_tag("mempo.stage", "train")
-    r = register_model("agent", _model_dir(tmp_path), metrics, data={"qa": metrics}, out=out,
-                       source_run_id=train_run.info.run_id)
+    train_metrics.write_text(json.dumps({"final_reward_mean": 0.3, "final_kl": 0.02, "steps": 20,
+                                         "mlflow_run_id": train_run.info.run_id}))
+    r = register_model("agent", _model_dir(tmp_path), ev / "metrics.json", data={"qa": ev / "metrics.json"},
+                       out=out, train_metrics_path=train_metrics, gate=GATE, headline_out=tmp_path / "headline.json")
     client = mlflow.MlflowClient(mlflow_uri)
     v = client.get_model_version("agent", r.version)
-    assert version_metrics(v) == {"memory/world/em": 0.4, "memory/world-k2/em": 0.2}
-    assert v.tags["source_run_id"] == train_run.info.run_id
+    # The version's tags: the gate's evidence, the headline, lineage; not the ~300 metrics.
+    assert len(v.tags) < 40, sorted(v.tags)
+    assert version_metrics(v) == {f"memory/{b}/{m}": full[f"memory/{b}/{m}"] if m != "n" else N
+                                  for b in ("world", "world-k2", "world-k4", "world-k8") for m in ("em", "f1", "n")}
+    assert v.tags["eval_set.world"].startswith(f"n={N} sha256=")
+    assert v.tags["headline.em.world"] == "0.4" and v.tags["headline.train.kl"] == "0.02"
+    assert json.loads((tmp_path / "headline.json").read_text())["tokens.full_context"] == 2000.0
+    assert v.tags["source_run_id"] == train_run.info.run_id and v.run_id == train_run.info.run_id
     assert len(v.tags["data.qa.sha256"]) == 64
-    assert v.run_id == r.run_id
     assert json.loads(out.read_text())["model_uri"] == "models:/agent/1"
+    # The logged model: source run = training, every eval metric linked per benchmark.
+    lm = client.get_logged_model(r.model_id)
+    assert lm.source_run_id == train_run.info.run_id and lm.status == "READY"
+    linked = {(m.key, m.dataset_name) for m in lm.metrics}
+    assert ("memory/world-k8/latency_s", "world-k8") in linked and len(linked) == len(full) + 4 + 3
+    assert json.loads(lm.tags["mlflow.modelVersions"]) == [{"name": "agent", "version": "1"}]
+    assert version_metrics(v, client)["rag/world-k4/turns"] == 0.1  # the gate can read the full table
+    assert [o.model_id for o in client.get_run(train_run.info.run_id).outputs.model_outputs] == [r.model_id]
     local = mlflow.artifacts.download_artifacts(f"models:/agent/{r.version}", dst_path=str(tmp_path / "dl"))
     assert (Path(local) / "config.json").read_text() == '{"model_type": "qwen2"}'
     with pytest.raises(DataError, match="model folder"):
-        register_model("agent", tmp_path / "nope", metrics)
+        register_model("agent", tmp_path / "nope", ev / "metrics.json")
     with pytest.raises(DataError, match="metrics file not found"):
         register_model("agent", _model_dir(tmp_path), tmp_path / "missing.json")
+
+
+# ---- issue 18.10: register guessed its source runs and duplicated versions on retries
+
+
+def test_register_links_only_runs_it_can_prove(mlflow_uri: str, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MEMPO_PARENT_RUN_ID", raising=False)
+    client = mlflow.MlflowClient(mlflow_uri)
+    for stage in ("train", "eval"):  # someone else's newest runs, in another experiment
+        client.create_run(client.create_experiment(f"other-{stage}"), tags={"mempo.stage": stage})
+    ev = _eval_dir(tmp_path, {"memory/world/em": 0.4})
+    r = register_model("agent", _model_dir(tmp_path, "a"), ev / "metrics.json")
+    tags = client.get_model_version("agent", r.version).tags
+    assert (tags["source_run_id"], tags["eval_run_id"]) == ("", "")
+    assert r.source_run_id is None and r.eval_run_id is None
+
+    # The ids the stages recorded in their own outputs are used ...
+    mlflow.set_tracking_uri(mlflow_uri)  # an earlier test may have pointed the fluent API elsewhere
+    with mlflow.start_run() as train_run, mlflow.start_run(nested=True) as eval_run:
+        pass
+    (ev / "eval.json").write_text(json.dumps({"mlflow_run_id": eval_run.info.run_id}))
+    (tmp_path / "train.json").write_text(json.dumps({"mlflow_run_id": train_run.info.run_id}))
+    r = register_model("agent", _model_dir(tmp_path, "b"), ev / "metrics.json", train_metrics_path=tmp_path / "train.json")
+    assert (r.source_run_id, r.eval_run_id) == (train_run.info.run_id, eval_run.info.run_id)
+    # ... an id this store does not know is not linked, and a given one must exist.
+    (ev / "eval.json").write_text(json.dumps({"mlflow_run_id": "0" * 32}))
+    r = register_model("agent", _model_dir(tmp_path, "c"), ev / "metrics.json")
+    assert r.eval_run_id is None
+    with pytest.raises(MempoError, match="not found in the tracking store"):
+        register_model("agent", _model_dir(tmp_path, "d"), ev / "metrics.json", eval_run_id="f" * 32)
+    # Under a pipeline run, its own stage runs are found.
+    parent = client.create_run(client.get_experiment_by_name("other-train").experiment_id)
+    child = client.create_run(parent.info.experiment_id,
+                              tags={"mempo.stage": "train", "mlflow.parentRunId": parent.info.run_id})
+    monkeypatch.setenv("MEMPO_PARENT_RUN_ID", parent.info.run_id)
+    (ev / "eval.json").unlink()
+    r = register_model("agent", _model_dir(tmp_path, "e"), ev / "metrics.json")
+    assert (r.source_run_id, r.eval_run_id) == (child.info.run_id, None)
+
+
+def test_a_retried_registration_returns_the_version_it_created(mlflow_uri: str, tmp_path: Path) -> None:
+    client = mlflow.MlflowClient(mlflow_uri)
+    ev = _eval_dir(tmp_path, {"memory/world/em": 0.4})
+    first = register_model("agent", _model_dir(tmp_path, "w1"), ev / "metrics.json", out=tmp_path / "r1.json")
+    again = register_model("agent", _model_dir(tmp_path, "w1"), ev / "metrics.json", out=tmp_path / "r2.json")
+    assert first.created and not again.created
+    assert (again.version, again.model_id, again.registration_key) == (first.version, first.model_id,
+                                                                      first.registration_key)
+    assert json.loads((tmp_path / "r2.json").read_text())["version"] == first.version
+    assert len(client.search_model_versions("name = 'agent'")) == 1
+    # Another model (or another evaluation of it) is a new version.
+    other = register_model("agent", _model_dir(tmp_path, "w2"), ev / "metrics.json")
+    assert other.created and other.version == "2"
+
+
+def _start_race(procs: list[subprocess.Popen], ready: list[Path], start: Path) -> None:
+    """Touch `start` once every racer has imported mlflow (however slow the machine is)."""
+    deadline = time.monotonic() + 600
+    while not all(r.exists() for r in ready):
+        assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+        assert time.monotonic() < deadline, "racers did not start"
+        time.sleep(0.05)
+    start.touch()
+
+
+REGISTER_RACER = """
+import sys, time
+from pathlib import Path
+from mempo.registry import register_model
+start = Path(sys.argv[3])
+Path(sys.argv[4]).touch()  # imported: ready to race
+while not start.exists():
+    time.sleep(0.01)
+print(register_model("agent", sys.argv[1], sys.argv[2]).version)
+"""
+
+
+def test_two_racing_retries_of_one_registration_create_one_version(mlflow_uri: str, tmp_path: Path) -> None:
+    ev = _eval_dir(tmp_path, {"memory/world/em": 0.4})
+    model, start = _model_dir(tmp_path, "race"), tmp_path / "go"
+    mlflow.MlflowClient(mlflow_uri).search_experiments()  # create the store's tables before the race
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, "MEMPO_PROJECT_ROOT": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", REGISTER_RACER, str(model), str(ev / "metrics.json"), str(start),
+                               str(tmp_path / f"ready-{i}")],
+                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    _start_race(procs, [tmp_path / f"ready-{i}" for i in range(2)], start)
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    assert [o[0].strip().splitlines()[-1] for o in outs] == ["1", "1"]
+    assert len(mlflow.MlflowClient(mlflow_uri).search_model_versions("name = 'agent'")) == 1
 
 
 def test_promotion_lifecycle_is_gated_and_idempotent(mlflow_uri: str, tmp_path: Path) -> None:
@@ -149,9 +278,10 @@ from pathlib import Path
 from mempo.registry import GateConfig, promote
 gate = GateConfig(primary_metric="memory/world/em", required_benchmarks=())
 start = Path(sys.argv[2])
+Path(sys.argv[3]).touch()  # imported: ready to race
 while not start.exists():
     time.sleep(0.01)
-d = promote("agent", gate, version=sys.argv[1])
+d = promote("agent", gate, version=sys.argv[1], lock_wait_s=600)
 print("PROMOTED" if d.promoted else "REJECTED")
 """
 
@@ -164,11 +294,11 @@ def test_two_racing_promotions_end_with_the_best_champion(mlflow_uri: str, tmp_p
     v3 = _register(tmp_path, "agent", {"memory/world/em": 0.40})
     start = tmp_path / "go"
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri}
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, v, str(start)], env=env, cwd=tmp_path,
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, v, str(start), str(tmp_path / f"ready-{v}")],
+                              env=env, cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for v in (v2, v3)]
-    time.sleep(4)  # both have imported mlflow and wait on the start file
-    start.touch()
-    outs = [p.communicate(timeout=120) for p in procs]
+    _start_race(procs, [tmp_path / f"ready-{v}" for v in (v2, v3)], start)
+    outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     # Either order, serialised: v2 (0.50) must end as champion. Without the lock both could
     # compare against v1 and the later writer (possibly v3) would win.
@@ -230,9 +360,8 @@ def test_cli_register_and_promote(mlflow_uri: str, tmp_path: Path, capsys: pytes
     from mempo.cli import main
 
     model = _model_dir(tmp_path)
-    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
-    good.write_text(json.dumps({"memory/world/em": 0.4}))
-    bad.write_text(json.dumps({"memory/world/em": 0.1}))
+    good = _eval_dir(tmp_path, {"memory/world/em": 0.4}) / "metrics.json"
+    bad = _eval_dir(tmp_path, {"memory/world/em": 0.1}) / "metrics.json"
     common = ["--params", str(tmp_path / "none.yaml"), "--set", "register.data={}"]
     assert main([*common, "register", "--name", "cli", "--model-dir", str(model), "--metrics", str(good),
                  "--out", str(tmp_path / "reg")]) == 0

@@ -130,7 +130,7 @@ def test_plan_takes_lambda_from_train_section_and_joins_a_cluster(tmp_path, tiny
 
 
 def test_hydra_values_quote_only_when_needed():
-    assert hydra_value("outputs/data/train.parquet") == "outputs/data/train.parquet"
+    assert hydra_value("data/prepared/train.parquet") == "data/prepared/train.parquet"
     assert hydra_value("sqlite:////tmp/m.db") == "'sqlite:////tmp/m.db'"
     assert hydra_value("1.0") == "'1.0'" and hydra_value("true") == "'true'"
     assert hydra_value("it's") == "'it\\'s'"

@@ -80,8 +80,8 @@ def test_registration_status_and_assert_in_process():
 def composed(tiny_policy):  # noqa: F811
     return compose_mempo_config([
         f"actor_rollout_ref.model.path={tiny_policy}",
-        "data.train_files=outputs/data/train.parquet",
-        "data.val_files=outputs/data/val.parquet",
+        "data.train_files=data/prepared/train.parquet",
+        "data.val_files=data/prepared/val.parquet",
     ])
 
 

@@ -17,8 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     reg.add_argument("--metrics", default=None, help="eval metrics.json (params: register.metrics)")
     reg.add_argument("--data", action="append", default=None, metavar="NAME=PATH",
                      help="an input to record as a data-version tag (repeatable; params: register.data)")
-    reg.add_argument("--source-run-id", default=None, help="training run id (default: found under the pipeline run)")
-    reg.add_argument("--eval-run-id", default=None, help="eval run id (default: found under the pipeline run)")
+    reg.add_argument("--source-run-id", default=None,
+                     help="training run id (default: the one the train stage recorded, or the pipeline run's)")
+    reg.add_argument("--eval-run-id", default=None,
+                     help="eval run id (default: the one the eval stage recorded, or the pipeline run's)")
     reg.add_argument("--out", default=None, help="folder for registered.json (params: register.out)")
     reg.set_defaults(handler=_register)
 
@@ -39,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _register(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from mempo.registry import parse_data_args, register_model
+    from mempo.registry import gate_from_params, parse_data_args, register_model
 
     params = params_from(args, {
         "register.model_name": args.name, "register.model_dir": args.model_dir,
@@ -50,7 +52,9 @@ def _register(args: argparse.Namespace) -> int:
     result = register_model(
         p.model_name, p.model_dir, p.metrics, data=data,
         source_run_id=args.source_run_id, eval_run_id=args.eval_run_id,
-        params=p, out=Path(p.out) / "registered.json",
+        train_metrics_path=p.train_metrics or Path(p.model_dir).parent / "metrics.json",
+        gate=gate_from_params(params.promote), params=p, out=Path(p.out) / "registered.json",
+        headline_out=p.headline or Path(p.out) / "headline.json",
     )
     print(json.dumps(result.__dict__, sort_keys=True))
     print(f"registered {result.model_uri}")

@@ -1,7 +1,7 @@
 """`mempo data prepare`: FlashRAG QA sets -> verl-schema `train.parquet` / `val.parquet`.
 
     mempo data prepare                       # params.yaml `data:` (the knowledge world)
-    mempo data prepare --out outputs/data --leakage fail
+    mempo data prepare --out data/prepared --leakage fail
 
 Steps, all deterministic for a seed:
 

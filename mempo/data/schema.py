@@ -15,8 +15,8 @@ of a k-objective task; per-objective answers are in `extra_info.objectives`, whi
 `mempo.rewards.compute_score` reads.
 
     rows = [to_verl_row(task, data_source="world", split="train", index=i) ...]
-    write_prepared(rows, "outputs/data/train.parquet")
-    tasks = load_prepared("outputs/data/train.parquet")   # -> list[PreparedTask]
+    write_prepared(rows, "data/prepared/train.parquet")
+    tasks = load_prepared("data/prepared/train.parquet")   # -> list[PreparedTask]
 """
 
 from __future__ import annotations

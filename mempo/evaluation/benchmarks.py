@@ -1,6 +1,6 @@
 """The benchmark registry: a name -> the questions to evaluate on.
 
-    paths = {"hotpotqa": "data/hotpotqa/dev.jsonl", "world": "outputs/world/qa/test.jsonl"}
+    paths = {"hotpotqa": "data/qa/hotpotqa/dev.jsonl", "world": "data/world/qa/test.jsonl"}
     items = load_benchmark("world-k4", paths, limit=100, seed=0)
 
 Names:

@@ -643,6 +643,8 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
             rows = evaluate_items(items, p.agents, engines, settings)
             meta["wall_s"] = round(time.perf_counter() - t0, 1)
             meta["samples"] = len(rows)
+            if run_id is not None:
+                meta["mlflow_run_id"] = run_id  # `mempo register` links the model to this run
             flat = write_outputs(p.out, rows, meta)
             if run_id is not None:
                 import mlflow

@@ -1,6 +1,6 @@
 """Build or check the policy a trainer starts from, as a normal Hugging Face model folder.
 
-    mempo policy bootstrap --tiny --corpus outputs/world/corpus.jsonl --out outputs/policy
+    mempo policy bootstrap --tiny --corpus data/world/corpus.jsonl --out outputs/policy
     mempo policy bootstrap --smollm2 --out outputs/policy-smollm2
     mempo policy bootstrap --base-model /models/Qwen2.5-7B-Instruct --out outputs/policy-qwen
 

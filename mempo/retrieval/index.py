@@ -1,6 +1,6 @@
 """Build an index folder from a corpus, and open one for search.
 
-    mempo index build --corpus outputs/world/corpus.jsonl --out outputs/index --method bm25
+    mempo index build --corpus data/world/corpus.jsonl --out outputs/index --method bm25
     mempo index build --corpus wiki.jsonl --out idx --method dense --index-type ivfpq --ray
 
 Folder layout:

@@ -6,7 +6,7 @@ The package carries 10,033 English "vital articles" lead summaries (text under C
 `words_per_passage` words like wiki-18's 100-word DPR passages, so one article can span
 several passages (what `/access` returns whole).
 
-    mempo corpus wiki-sample --out data/wiki_sample.jsonl            # ~10k articles
+    mempo corpus wiki-sample --out data/corpora/wiki_sample/corpus.jsonl            # ~10k articles
     mempo corpus wiki-sample --out /tmp/w.jsonl --limit 300          # tests
 """
 

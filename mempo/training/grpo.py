@@ -1,6 +1,6 @@
 """The local GRPO + memory-advantage trainer (MemPO), single process, CPU or one GPU.
 
-    mempo train grpo --policy outputs/sft/model --data outputs/data --retriever outputs/index \
+    mempo train grpo --policy outputs/sft/model --data data/prepared --retriever outputs/index \
         --out outputs/train
     mempo --set train.lambda_mem=0 train grpo ...       # plain GRPO (no memory advantage)
 
@@ -349,7 +349,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     from mempo.advantage import MemoryTurn, memory_reward
     from mempo.agent.generation import HFGenerator
     from mempo.retrieval import open_retriever
-    from mempo.tracking import log_file, log_json, log_metrics, log_plot
+    from mempo.tracking import active_run_id, log_file, log_json, log_metrics, log_plot
     from mempo.training.checkpoint import (
         HASH_CACHE_FILE,
         TrainerState,
@@ -486,6 +486,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
         "train_seconds": time.perf_counter() - t_run,
         "final_reward_mean": _mean([r["reward_mean"] for r in hist[-max(1, len(hist) // 4):]]),
         "final_em": _mean([r["em"] for r in hist[-max(1, len(hist) // 4):]]),
+        "final_kl": _mean([r["kl"] for r in hist[-max(1, len(hist) // 4):]]),
         "mean_time_step": total_step / max(len(hist), 1),
         "mean_time_rollout": _mean([r["time_rollout"] for r in hist]),
         "mean_time_mem_scoring": _mean([r["time_mem_scoring"] for r in hist]),
@@ -493,6 +494,8 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
         "mem_scoring_share": sum(r["time_mem_scoring"] for r in hist) / max(total_step, 1e-9),
         "prompt_tokens_per_turn": _mean([r["prompt_tokens_per_turn"] for r in hist]),
     }
+    if active_run_id():
+        metrics["mlflow_run_id"] = active_run_id()  # `mempo register` links the model to this run
     vals = [r for r in hist if "val_em" in r]
     if vals:
         metrics["val_em"] = vals[-1]["val_em"]

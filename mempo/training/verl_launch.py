@@ -1,6 +1,6 @@
 """`mempo train verl`: launch MemPO on verl 0.9.1 (Ray + GPUs, SGLang rollouts), then merge.
 
-    mempo train verl --policy outputs/sft/model --data outputs/data \
+    mempo train verl --policy outputs/sft/model --data data/prepared \
         --retriever http://10.0.0.5:8013 --nnodes 2 --gpus-per-node 8 --ray-address auto
     mempo train verl --dry-run          # print the command and overrides, start nothing
 

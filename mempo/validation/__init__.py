@@ -1,12 +1,12 @@
 """Data contracts (Great Expectations 1.x): corpus, qa, prepared, eval.
 
-    mempo validate --suite corpus --data outputs/world/corpus.jsonl
-    mempo validate --suite qa --data outputs/world/qa/train.jsonl
-    mempo validate --suite prepared --data outputs/data          # train.parquet + val.parquet
+    mempo validate --suite corpus --data data/world/corpus.jsonl
+    mempo validate --suite qa --data data/world/qa/train.jsonl
+    mempo validate --suite prepared --data data/prepared          # train.parquet + val.parquet
     mempo validate --suite eval --data outputs/eval
 
     from mempo.validation import validate_data
-    report = validate_data("qa", "outputs/world/qa/train.jsonl", params.validation)
+    report = validate_data("qa", "data/world/qa/train.jsonl", params.validation)
 
 A failed contract writes its report (`REPORT_DIR/report.json`, `REPORT_DIR/docs/index.html`)
 and raises `ValidationFailed` (exit code 3) naming the failed expectations with sample rows;

@@ -17,7 +17,7 @@ A contract is one or more batches, each a suite over a stream of diagnostic fram
   [0, 1], counts (turns, tokens, latency) not negative; `metrics.json` values are finite,
   its rates in [0, 1] and its counts not negative.
 
-    contract = build_contract("qa", "outputs/world/qa/train.jsonl", params.validation)
+    contract = build_contract("qa", "data/world/qa/train.jsonl", params.validation)
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Corpora are streamed in chunks of `chunk_rows` rows; the only thing kept across 
 `KeyIndex` of 8-byte id hashes (about 16 bytes per row, ~340 MB for wiki-18's 21M passages)
 so uniqueness is checked over the whole file, not per chunk.
 
-    for frame in corpus_frames("outputs/world/corpus.jsonl", bounds, chunk_rows=100_000, keys=k):
+    for frame in corpus_frames("data/world/corpus.jsonl", bounds, chunk_rows=100_000, keys=k):
         ...   # one DataFrame per chunk
 """
 

@@ -1,6 +1,6 @@
 """The offline knowledge world: a seeded, fictional encyclopedia with QA sets.
 
-    mempo world generate --out outputs/world --size small --seed 13
+    mempo world generate --out data/world --size small --seed 13
 
 See `mempo.world.generate.generate_world` for the layout it writes.
 """

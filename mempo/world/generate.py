@@ -1,6 +1,6 @@
 """Generate the knowledge world: entities, Wikipedia-style passages and FlashRAG QA sets.
 
-    mempo world generate --out outputs/world --size small --seed 13
+    mempo world generate --out data/world --size small --seed 13
 
 Writes (every file atomically, the folder as a whole):
 
