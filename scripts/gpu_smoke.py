@@ -263,14 +263,16 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
     from mempo.training.sft import (
         collate,
         make_optimizer,
+        render_episode,
         sft_tasks,
-        teacher_samples,
+        teacher_episodes,
         token_loss,
         tokenize_samples,
     )
 
     tasks = sft_tasks(work / "world", "train", None, 32 if quick else 128, [], 0, 0)
-    samples, teacher = teacher_samples(tasks, retriever, tok, agent, mp.multi_rule)
+    records, teacher = teacher_episodes(tasks, retriever, tok, agent, mp.multi_rule)
+    samples = [s for record in records for s in render_episode(record, "memory")]
     train_t = tokenize_samples(samples, tok, sp.max_tokens)
     sft_steps = 3 if quick else 60
     batch_size = min(sp.batch_size, len(train_t))

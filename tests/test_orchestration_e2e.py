@@ -88,7 +88,8 @@ def test_make_run_ends_with_a_registered_champion_and_the_report(tiny_project: d
     parents = client.search_runs([exp.experiment_id], "tags.`mempo.stage` = 'pipeline'")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'")
-    by_stage = {r.data.tags["mempo.stage"]: r for r in children}
+    # keyed by DVC stage: `train` and `train_full` both run `mempo train grpo`
+    by_stage = {r.data.tags.get("dvc.stage", r.data.tags["mempo.stage"]): r for r in children}
     assert {"sft", "train", "eval", "register", "promote"} <= set(by_stage)
     for run in by_stage.values():
         assert run.data.tags["mlflow.source.git.commit"] != "unknown"
@@ -171,10 +172,10 @@ def test_lambda_mem_change_reruns_only_train_eval_register(tiny_project: dict) -
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     try:
         status = json.loads(_run([str(BIN / "dvc"), "status", "--json"], root).stdout)
-        # train_full reads the `train` section too (it pins lambda_mem to 0 on its command line).
-        assert sorted(status) == ["train", "train_full"]
+        # train_full pins lambda_mem to 0 and does not list it among its params
+        assert sorted(status) == ["train"]
         dry = _run([str(BIN / "dvc"), "repro", "--dry", "--force-downstream"], root)
-        assert sorted(_ran(dry)) == ["eval", "register", "train", "train_full"]
+        assert sorted(_ran(dry)) == ["eval", "register", "train"]
     finally:
         params["train"]["lambda_mem"] = TINY_OVERRIDES.get("train.lambda_mem", 1.0)
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

@@ -12,7 +12,8 @@ from verl_cpu_helpers import compose_mempo_config, tiny_policy  # noqa: F401
 pytestmark = pytest.mark.slow  # starts Ray + TransferQueue (~20 s on 2 cores)
 
 
-def _turn(prompt_len: int, resp_len: int, mem: tuple[int, int], turn: int, prob: float, score: float):
+def _turn(prompt_len: int, resp_len: int, mem: tuple[int, int], turn: int, prob: float, score: float,
+          full: float = 0.5):
     from verl.experimental.agent_loop import AgentLoopOutput
 
     mask = [1 if mem[0] <= j < mem[1] else 0 for j in range(resp_len)]
@@ -20,6 +21,7 @@ def _turn(prompt_len: int, resp_len: int, mem: tuple[int, int], turn: int, prob:
         prompt_ids=list(range(1, prompt_len + 1)), response_ids=list(range(10, 10 + resp_len)),
         response_mask=[1] * resp_len, reward_score=score, num_turns=2, metrics={},
         extra_fields={"mem_mask": mask, "turn_index": turn, "mem_prob": prob, "mem_logprob": float(np.log(prob)),
+                      "full_prob": full, "full_logprob": float(np.log(full)),
                       "min_global_steps": 0, "max_global_steps": 0},
     )
 
@@ -47,7 +49,7 @@ def test_compute_advantage_through_transfer_queue(tq_session, tiny_policy):  # n
     tq = tq_session
     # uid -> session -> turns; episode outcome 1/0 copied to every turn row (as verl does)
     episodes = {
-        "qa": {0: [_turn(5, 6, (1, 3), 0, 0.2, 1.0), _turn(7, 4, (0, 2), 1, 0.6, 1.0)],
+        "qa": {0: [_turn(5, 6, (1, 3), 0, 0.2, 1.0, 0.3), _turn(7, 4, (0, 2), 1, 0.6, 1.0, 0.4)],
                1: [_turn(5, 5, (1, 4), 0, 0.1, 0.0)]},
         "qb": {0: [_turn(6, 3, (0, 1), 0, 0.3, 0.0), _turn(4, 8, (2, 5), 1, 0.2, 0.0)],
                1: [_turn(6, 7, (1, 2), 0, 0.5, 1.0), _turn(5, 6, (0, 3), 1, 0.9, 1.0)]},
@@ -84,10 +86,14 @@ def test_compute_advantage_through_transfer_queue(tq_session, tiny_policy):  # n
         rewards[r, :n] = f["rm_scores"]
         resp[r, :n] = 1
         mem[r, :n] = torch.tensor(f["extra_fields"]["mem_mask"])
+    # the default reward: log p(a* | memory) - log p(a* | full history)
+    config = MempoAdvantageConfig(lambda_mem=0.7)
+    assert (config.eps, config.form) == ("full_context", "logprob")
     expected, _ = mempo_advantages(
         keys, [f["uid"] for f in fields], rewards, resp, mem,
-        torch.tensor([f["extra_fields"]["mem_prob"] for f in fields]),
-        torch.tensor([f["extra_fields"]["turn_index"] for f in fields]), MempoAdvantageConfig(lambda_mem=0.7))
+        torch.tensor([f["extra_fields"]["mem_logprob"] for f in fields]),
+        torch.tensor([f["extra_fields"]["turn_index"] for f in fields]), config,
+        full_context_scores=torch.tensor([f["extra_fields"]["full_logprob"] for f in fields]))
     for r, row in enumerate(adv_rows):
         n = len(fields[r]["responses"])
         assert row.shape[0] == n  # written back as nested, one value per response token

@@ -176,8 +176,8 @@ def test_index_builder_publisher_and_retriever_share_one_claim_and_path(monkeypa
     deployment = yaml.safe_load((REPO / "containers/retriever/k8s/deployment.yaml").read_text())
     spec = deployment["spec"]["template"]["spec"]
     retriever = spec["containers"][0]
-    volumes = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]}
-    served = {m["mountPath"]: volumes[m["name"]] for m in retriever["volumeMounts"]}
+    volumes = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v}
+    served = {m["mountPath"]: volumes[m["name"]] for m in retriever["volumeMounts"] if m["name"] in volumes}
     (index_mount, index_claim), = served.items()
     assert retriever["args"][retriever["args"].index("--index") + 1] == f"{index_mount}/current"
 
