@@ -90,12 +90,20 @@ def choose_tokens(
     scores: torch.Tensor, greedy: bool, generator: torch.Generator | None, want_logprobs: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Next token per row from processed `scores` [B, V]: argmax, or a draw from
-    softmax(scores). Returns (ids [B], log p of each id [B] or None)."""
+    softmax(scores). Returns (ids [B], log p of each id [B] or None).
+
+    A draw is one uniform number per row looked up in the row's cumulative distribution
+    (float64): the same distribution as `torch.multinomial`, which draws one exponential
+    number per vocabulary entry and cost 6-10x more here (B x V random numbers a step).
+    """
     if greedy:
         ids = scores.argmax(dim=-1)
     else:
-        probs = scores.softmax(dim=-1)
-        ids = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        cdf = scores.softmax(dim=-1).double().cumsum_(dim=-1)
+        u = torch.rand((cdf.shape[0], 1), generator=generator, dtype=torch.float64, device=cdf.device)
+        ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
+        # u * total < total, so the index is in range unless rounding put it at the very end.
+        ids = ids.clamp_(max=cdf.shape[1] - 1)
     lps = None
     if want_logprobs:
         lps = scores.log_softmax(dim=-1).gather(1, ids[:, None]).squeeze(1)
@@ -106,16 +114,19 @@ def choose_tokens(
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # As transformers' LlamaRMSNorm / Qwen2RMSNorm: statistics in float32, scale in x's dtype.
+    # transformers' LlamaRMSNorm / Qwen2RMSNorm: x * rsqrt(mean(x^2) + eps) * weight, the
+    # statistics in float32 (the same values here in float32: tested against `generate()`).
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    # x * cos + rotate_half(x) * sin, with rotate_half(x) * sin written as
+    # roll(x, half) * [-sin_1, sin_2]: the same products (negation is exact), fewer kernels.
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
 
 
 def llama_family_reason(model: Any) -> str | None:
@@ -140,61 +151,29 @@ def llama_family_reason(model: Any) -> str | None:
     return None
 
 
-_PACKED: dict[int, tuple[tuple[Any, ...], list[tuple[Any, ...]]]] = {}
-
-
-def packed_weights(model: Any, fuse: bool = True) -> list[tuple[Any, ...]]:
-    """Per layer (ln1, W_qkv, b_qkv, W_o, b_o, ln2, W_gate_up, W_down) of a Llama-family
-    `model`: q/k/v and gate/up stacked into one matrix each (two matmuls fewer per layer).
-
-    The stacked copies are rebuilt whenever a parameter changed (its version counter or
-    storage moved: an optimiser step, `load_state_dict`), so a trainer's updates are seen.
-    """
-    params = list(model.parameters())
-    key = (fuse, *((p.data_ptr(), p._version) for p in params))
-    hit = _PACKED.get(id(model))
-    if hit is not None and hit[0] == key:
-        return hit[1]
-
-    def cat(ts: list[Any]) -> Any:
-        if any(t is None for t in ts):
-            return None
-        return torch.cat([t.detach() for t in ts]) if fuse else tuple(t.detach() for t in ts)
-
-    out = []
-    for layer in model.model.layers:
-        a, m = layer.self_attn, layer.mlp
-        out.append((layer.input_layernorm.weight.detach(),
-                    cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                    cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]),
-                    a.o_proj.weight.detach(), None if a.o_proj.bias is None else a.o_proj.bias.detach(),
-                    layer.post_attention_layernorm.weight.detach(),
-                    cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight.detach()))
-    _PACKED.clear()  # one model at a time: the copies cost as much memory as the weights
-    _PACKED[id(model)] = (key, out)
-    return out
-
-
 class LlamaEngine:
     """Llama-family forward over a preallocated KV cache, one instance per batch.
 
     Cache: per layer K and V of [B, kv_heads, capacity, head_dim]; rows are right-aligned
     (every row's newest token is in column `length - 1`), so a decode step writes one
     column for all rows. `bias` [B, capacity] is 0 where a row has a token and -inf on its
-    left padding.
+    left padding. The weights are the model's own tensors, read at every prefill, so the
+    updates of a trainer between calls are used at once.
+
+    Prefill is packed: the prompts' tokens are concatenated (no padding reaches the
+    matmuls), each prompt attends causally to itself, and the last layer runs attention
+    and MLP for each prompt's last token only (its keys and values for all of them).
     """
 
-    def __init__(self, model: Any, fuse: bool = True) -> None:
+    def __init__(self, model: Any) -> None:
         cfg = model.config
         self.model = model
-        self.fuse = fuse
         self.eps = float(cfg.rms_norm_eps)
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
         self.scale = self.head_dim ** -0.5
-        base = model.model
-        self.rotary = base.rotary_emb
+        self.gqa = self.n_kv != self.n_heads
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.bias = torch.empty(0)
@@ -202,103 +181,108 @@ class LlamaEngine:
         self.length = 0
 
     def _weights(self) -> list[tuple[Any, ...]]:
-        return packed_weights(self.model, self.fuse)
+        out = []
+        for layer in self.model.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            out.append((layer.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight,
+                        a.k_proj.bias, a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, a.o_proj.bias,
+                        layer.post_attention_layernorm.weight, m.gate_proj.weight, m.up_proj.weight,
+                        m.down_proj.weight))
+        return out
 
     def _tables(self, positions: int, dtype: torch.dtype, device: torch.device) -> None:
         # cos/sin of every position from the model's own rotary module: each entry is one
         # product inv_freq * position, so looking it up is bit-identical to its forward.
         ref = torch.empty(0, dtype=dtype, device=device)
-        cos, sin = self.rotary(ref, torch.arange(positions, device=device)[None])
-        self.cos, self.sin = cos[0], sin[0]
+        cos, sin = self.model.model.rotary_emb(ref, torch.arange(positions, device=device)[None])
+        half = self.head_dim // 2
+        self.cos = cos[0]
+        self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
-        """Run `ids` [B, S] at positions `pos` [B, S], written to cache columns
-        [start, start + S); attention over columns [0, start + S) with `mask` (bool or
-        additive, broadcastable to [B, heads, S, start + S]). Returns the last position's
-        logits [B, V] (float32)."""
-        model = self.model
-        bsz, s = ids.shape
-        h = model.model.embed_tokens(ids)
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, S, head_dim]
-        end = start + s
-        gqa = self.n_kv != self.n_heads
-        nq, nkv = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        n_layers = len(self.layers)
-        for i, (ln1, wqkv, bqkv, wo, bo, ln2, wgu, wd) in enumerate(self.layers):
-            x = _rms_norm(h, ln1, self.eps)
-            if isinstance(wqkv, tuple):
-                bb = bqkv if bqkv is not None else (None, None, None)
-                q, k, v = (F.linear(x, w, b) for w, b in zip(wqkv, bb, strict=True))
-            else:
-                qkv = F.linear(x, wqkv, bqkv)
-                q, k, v = qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
-            q = q.view(bsz, s, self.n_heads, self.head_dim).transpose(1, 2)
-            k = k.view(bsz, s, self.n_kv, self.head_dim).transpose(1, 2)
-            v = v.view(bsz, s, self.n_kv, self.head_dim).transpose(1, 2)
-            self.k[i][:, :, start:end] = _rotate(k, cos, sin)
-            self.v[i][:, :, start:end] = v
-            if i == n_layers - 1 and s > 1:
-                # Only the last position's logits are wanted: the last layer needs every
-                # position's keys and values (written above), but its attention output
-                # and MLP for the last position only.
-                q, h, qcos, qsin = q[:, :, -1:], h[:, -1:], cos[:, :, -1:], sin[:, :, -1:]
-                mask = mask[..., -1:, :] if mask is not None else None
-                s = 1
-            else:
-                qcos, qsin = cos, sin
-            q = _rotate(q, qcos, qsin)
-            att = F.scaled_dot_product_attention(
-                q, self.k[i][:, :, :end], self.v[i][:, :, :end], attn_mask=mask, scale=self.scale,
-                enable_gqa=gqa)
-            h = h + F.linear(att.transpose(1, 2).reshape(bsz, s, -1), wo, bo)
-            x = _rms_norm(h, ln2, self.eps)
-            if isinstance(wgu, tuple):
-                g, u = F.linear(x, wgu[0]), F.linear(x, wgu[1])
-            else:
-                gu = F.linear(x, wgu)
-                g, u = gu[..., : gu.shape[-1] // 2], gu[..., gu.shape[-1] // 2:]
-            h = h + F.linear(F.silu(g) * u, wd)
-        last = _rms_norm(h[:, -1], model.model.norm.weight, self.eps)
-        return F.linear(last, model.lm_head.weight).float()
+    def _mlp(self, h: torch.Tensor, ln2: Any, wg: Any, wu: Any, wd: Any) -> torch.Tensor:
+        x = _rms_norm(h, ln2, self.eps)
+        return h + F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        last = _rms_norm(h, self.model.model.norm.weight, self.eps)
+        return F.linear(last, self.model.lm_head.weight).float()
 
     def prefill(self, prompts: Sequence[Sequence[int]], capacity: int, pad_id: int) -> torch.Tensor:
-        """Start a batch: left-pad `prompts` to their longest, run them, keep room for
-        `capacity` columns in all. Returns the next-token logits [B, V]."""
+        """Start a batch with `prompts` (right-aligned in `capacity` cache columns).
+        Returns the next-token logits [B, V]."""
         device = next(self.model.parameters()).device
         dtype = self.model.model.embed_tokens.weight.dtype
-        self.layers = self._weights()
-        width = max(len(p) for p in prompts)
-        bsz = len(prompts)
-        ids = torch.full((bsz, width), pad_id, dtype=torch.long)
-        valid = torch.zeros((bsz, width), dtype=torch.bool)
-        for r, p in enumerate(prompts):
-            if len(p):
-                ids[r, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-                valid[r, width - len(p):] = True
-        ids, valid = ids.to(device), valid.to(device)
-        # Position ids count real tokens only (as generate() derives them from the mask).
-        pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        layers = self._weights()
+        lengths = [len(p) for p in prompts]
+        if min(lengths) < 1:
+            raise ValueError("empty prompt")
+        bsz, width, total = len(prompts), max(lengths), sum(lengths)
+        ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=device)
+        pos = torch.cat([torch.arange(n) for n in lengths]).to(device)        # [T]
+        row = torch.repeat_interleave(torch.arange(bsz), torch.tensor(lengths)).to(device)
+        col = pos + torch.tensor([width - n for n in lengths], device=device)[row]
+        ends = torch.tensor(lengths).cumsum(0)
+        last = (ends - 1).to(device)                                          # [B] last token of each
+        bounds = [(int(e) - n, int(e)) for e, n in zip(ends, lengths, strict=True)]
         self._tables(width + capacity, dtype, device)
         shape = (bsz, self.n_kv, capacity, self.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in layers]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in layers]
         self.bias = torch.zeros((bsz, capacity), dtype=dtype, device=device)
-        self.bias[:, :width].masked_fill_(~valid, -math.inf)
-        causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
-        # A padding query attends to itself only, so no row of the softmax is empty (NaN).
-        mask = (causal[None] & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)[None]
-        logits = self._forward(ids, pos, 0, mask[:, None])
-        self.pos = pos[:, -1] + 1
+        for r, n in enumerate(lengths):
+            self.bias[r, : width - n] = -math.inf
+        h = self.model.model.embed_tokens(ids)                                # [T, D]
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]              # [T, 1, hd]
+        hd, nh, nkv = self.head_dim, self.n_heads, self.n_kv
+        for i, (ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, wu, wd) in enumerate(layers):
+            x = _rms_norm(h, ln1, self.eps)
+            k = _rope(F.linear(x, wk, bk).view(total, nkv, hd), cos, sin)
+            self.k[i][row, :, col] = k
+            self.v[i][row, :, col] = F.linear(x, wv, bv).view(total, nkv, hd)
+            if i == len(layers) - 1:
+                # Only the last tokens' logits are wanted: attention as one decode step
+                # over the cache just written, then the MLP of B rows instead of T.
+                q = _rope(F.linear(x[last], wq, bq).view(bsz, nh, hd), cos[last], sin[last])
+                att = F.scaled_dot_product_attention(
+                    q[:, :, None], self.k[i][:, :, :width], self.v[i][:, :, :width],
+                    attn_mask=self.bias[:, None, None, :width], scale=self.scale, enable_gqa=self.gqa)
+                h = h[last] + F.linear(att.reshape(bsz, nh * hd), wo, bo)
+            else:
+                q = _rope(F.linear(x, wq, bq).view(total, nh, hd), cos, sin)
+                v = self.v[i]
+                att = torch.cat([
+                    F.scaled_dot_product_attention(
+                        q[a:b].transpose(0, 1)[None], self.k[i][r, :, width - (b - a):width][None],
+                        v[r, :, width - (b - a):width][None], is_causal=True, scale=self.scale,
+                        enable_gqa=self.gqa)[0].transpose(0, 1)
+                    for r, (a, b) in enumerate(bounds)])                       # [T, nh, hd]
+                h = h + F.linear(att.reshape(total, nh * hd), wo, bo)
+            h = self._mlp(h, ln2, wg, wu, wd)
+        self.layers = layers
+        self.pos = torch.tensor(lengths, device=device)
         self.length = width
-        return logits
+        return self._logits(h)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Append one token per row, [B]; returns the next-token logits [B, V]."""
-        mask = self.bias[:, None, None, : self.length + 1]
-        logits = self._forward(tokens[:, None], self.pos[:, None], self.length, mask)
+        bsz, col, end = tokens.shape[0], self.length, self.length + 1
+        hd, nh, nkv = self.head_dim, self.n_heads, self.n_kv
+        h = self.model.model.embed_tokens(tokens)                             # [B, D]
+        cos, sin = self.cos[self.pos][:, None], self.sin[self.pos][:, None]    # [B, 1, hd]
+        mask = self.bias[:, None, None, :end]
+        for i, (ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, wu, wd) in enumerate(self.layers):
+            x = _rms_norm(h, ln1, self.eps)
+            q = _rope(F.linear(x, wq, bq).view(bsz, nh, hd), cos, sin)
+            self.k[i][:, :, col] = _rope(F.linear(x, wk, bk).view(bsz, nkv, hd), cos, sin)
+            self.v[i][:, :, col] = F.linear(x, wv, bv).view(bsz, nkv, hd)
+            att = F.scaled_dot_product_attention(
+                q[:, :, None], self.k[i][:, :, :end], self.v[i][:, :, :end], attn_mask=mask,
+                scale=self.scale, enable_gqa=self.gqa)
+            h = h + F.linear(att.reshape(bsz, nh * hd), wo, bo)
+            h = self._mlp(h, ln2, wg, wu, wd)
         self.pos = self.pos + 1
-        self.length += 1
-        return logits
+        self.length = end
+        return self._logits(h)
 
     def keep(self, rows: torch.Tensor) -> None:
         """Drop every row not in `rows` (indices, ascending) and the columns that are now
@@ -413,7 +397,7 @@ class HFEngine:
         self.length = length
 
 
-def make_engine(model: Any, kind: str = "auto", **options: Any) -> LlamaEngine | HFEngine:
+def make_engine(model: Any, kind: str = "auto") -> LlamaEngine | HFEngine:
     """`kind`: "llama" (the hand-written forward; refused for other architectures), "hf"
     (the model's forward) or "auto" (llama where it applies)."""
     reason = llama_family_reason(model)
@@ -421,7 +405,7 @@ def make_engine(model: Any, kind: str = "auto", **options: Any) -> LlamaEngine |
         raise ValueError(f"the llama-family engine cannot run this model: {reason}")
     if kind == "hf" or reason is not None:
         return HFEngine(model)
-    return LlamaEngine(model, **options)
+    return LlamaEngine(model)
 
 
 # ------------------------------------------------------------------------------ stop strings
