@@ -240,6 +240,7 @@ class AgentParams(Section):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     check_masks: bool = True
+    decoder: Literal["fast", "hf"] = "fast"
 
 
 class MempoParams(Section):

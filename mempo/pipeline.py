@@ -459,4 +459,22 @@ def summarize(root: str | Path = ".", result: PipelineResult | None = None) -> l
         lines.append(f"Parent run:  {result.parent_run_id}")
     if result is not None:
         lines.extend(result.notes)
+    if result is not None and result.parent_run_id:
+        lines.extend(_stage_time_lines(root, result.parent_run_id, result.seconds))
     return lines
+
+
+def _stage_time_lines(root: Path, parent_run_id: str, total_s: float) -> list[str]:
+    """Each stage run's wall time (its `stage_wall_s` metric), then the rest of `total_s`:
+    stages without an MLflow run (world, validation, index, policy) and DVC itself."""
+    from mempo.tracking import stage_wall_times
+
+    try:
+        times = stage_wall_times(parent_run_id, root)
+    except Exception as e:  # noqa: BLE001 - the summary must not fail the finished run
+        return [f"Stage times: not available ({e})"]
+    if not times:
+        return []
+    rest = max(total_s - sum(times.values()), 0.0)
+    return (["Stage times (wall):"] + [f"  {name:<16} {seconds:8.1f} s" for name, seconds in times.items()]
+            + [f"  {'other':<16} {rest:8.1f} s  (world, validation, index, policy: no MLflow run; dvc)"])

@@ -24,7 +24,9 @@ sha256 of each named input (`data.<name>.sha256`, or DVC's md5 from dvc.lock whe
 stage already hashed that path). DVC records a stage's own hashes only after the stage ends,
 so `mempo pipeline run` adds them (`dvc.deps.*`, `dvc.outs.*`, `dvc.params.sha256`) to each
 stage run after `dvc repro` (`tag_stage_runs_with_dvc_hashes`).
-A stage run that raises ends FAILED and the exception propagates.
+A stage run that raises ends FAILED and the exception propagates. Every stage run gets its
+wall time as the metric `stage_wall_s` (also a failed one); `stage_wall_times` reads them
+back for the pipeline summary.
 
 Set `MEMPO_TRACKING=0` to turn tracking off entirely (stage runs become no-ops).
 """
@@ -38,6 +40,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +56,7 @@ ENV_PARENT_RUN = "MEMPO_PARENT_RUN_ID"
 ENV_PROJECT_ROOT = "MEMPO_PROJECT_ROOT"
 ENV_TRACKING_OFF = "MEMPO_TRACKING"
 DEFAULT_EXPERIMENT = "mempo"
+STAGE_WALL_METRIC = "stage_wall_s"
 # MLflow's limits: param values <= 6000 chars, tag values <= 8000 chars.
 _MAX_PARAM_CHARS = 6000
 _MAX_TAG_CHARS = 8000
@@ -310,6 +314,7 @@ def stage_run(
         root: the project folder (default: `project_root()`).
 
     Yields the active run. On an exception the run ends FAILED and the exception propagates.
+    The block's wall time is logged as the metric `stage_wall_s` (seconds) either way.
     """
     if not tracking_enabled():
         yield _NoRun()
@@ -357,16 +362,43 @@ def stage_run(
         parent_run_id=None if active is not None else parent_id,
         tags=all_tags,
     )
+    t0 = time.perf_counter()
     try:
         flat = _flat_params(params)
         if flat:
             mlflow.log_params({k: _clip(v, _MAX_PARAM_CHARS) for k, v in flat.items()})
         yield run
     except BaseException:
+        _log_wall_time(client, run.info.run_id, t0)
         mlflow.end_run(status="FAILED")
         raise
     else:
+        _log_wall_time(client, run.info.run_id, t0)
         mlflow.end_run(status="FINISHED")
+
+
+def _log_wall_time(client: Any, run_id: str, t0: float) -> None:
+    # Through the client with an explicit run id: the block may have ended or switched the
+    # active run (nested runs), and a failure to log must not mask the stage's own outcome.
+    try:
+        client.log_metric(run_id, STAGE_WALL_METRIC, round(time.perf_counter() - t0, 3))
+    except Exception as e:  # noqa: BLE001
+        log.warning("could not log %s to run %s: %s", STAGE_WALL_METRIC, run_id, e)
+
+
+def stage_wall_times(parent_run_id: str, root: str | Path | None = None) -> dict[str, float]:
+    """`{stage run name: wall seconds}` of the stage runs nested under `parent_run_id`, in
+    start order (runs without the `stage_wall_s` metric are left out)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri(root))
+    parent = client.get_run(parent_run_id)
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
+        order_by=["attributes.start_time ASC"], max_results=1000,
+    )
+    return {r.info.run_name: r.data.metrics[STAGE_WALL_METRIC] for r in children
+            if STAGE_WALL_METRIC in r.data.metrics}
 
 
 def active_run_id() -> str | None:

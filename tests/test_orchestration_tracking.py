@@ -50,7 +50,11 @@ def test_stage_runs_nest_under_pipeline_run_and_carry_lineage(
     assert len(child.data.tags["mlflow.source.git.commit"]) in (40, len("unknown"))
     assert len(child.data.tags["data.train.sha256"]) == 64
     assert child.data.params == {"lambda_mem": "1.0"}
+    wall = child.data.metrics.pop(tracking.STAGE_WALL_METRIC)
     assert child.data.metrics == {"loss": 0.5, "eval/em": 1.0}
+    assert wall >= 0
+    # Both stage runs have their wall time, the failed one too, in start order.
+    assert list(tracking.stage_wall_times(parent_id)) == ["train", "eval"]
     assert set(logged) == {"loss", "eval/em"}
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["metrics.json"]
     assert client.get_run(failed_id).info.status == "FAILED"
@@ -70,6 +74,24 @@ def test_stage_run_in_child_process_nests_via_env(mlflow_uri: str, tmp_path: Pat
     run = mlflow.MlflowClient(mlflow_uri).get_run(child_id)
     assert run.data.tags["mlflow.parentRunId"] == parent_id
     assert run.info.status == "FINISHED"
+
+
+def test_stage_wall_time_is_a_metric_and_in_the_pipeline_summary(mlflow_uri: str, tmp_path: Path) -> None:
+    import time
+
+    from mempo.pipeline import _stage_time_lines
+
+    with tracking.pipeline_run("pipe") as parent_id:
+        with tracking.stage_run("sft"):
+            time.sleep(0.05)
+        with tracking.stage_run("train"):
+            pass
+    times = tracking.stage_wall_times(parent_id)
+    assert list(times) == ["sft", "train"] and times["sft"] >= 0.05
+    lines = _stage_time_lines(tmp_path, parent_id, total_s=10.0)
+    assert lines[0] == "Stage times (wall):"
+    assert lines[1].split() == ["sft", f"{times['sft']:.1f}", "s"]
+    assert lines[-1].split()[:2] == ["other", f"{10.0 - sum(times.values()):.1f}"]
 
 
 def test_dir_hash_changes_with_content(tmp_path: Path) -> None:

@@ -1,10 +1,11 @@
-"""Engine-agnostic text generation for rollouts: one `Generator` protocol, two engines.
+"""Engine-agnostic text generation for rollouts: one `Generator` protocol, three engines.
 
 Prompts are TOKEN ID LISTS (already chat-templated by the caller, see
 `mempo.agent.format.render_prompt`): the trainer needs the exact prompt ids it will
 compute log-probabilities on, so the rollout tokenises once and every engine receives ids.
 
-    gen = HFGenerator(model, tokenizer)                     # transformers, CPU or CUDA
+    gen = make_generator(model, tokenizer, "fast")          # FastGenerator (mempo.agent.decoder)
+    gen = make_generator(model, tokenizer, "hf")            # HFGenerator: transformers generate()
     gen = OpenAIGenerator("http://127.0.0.1:30000", "policy", tokenizer)   # SGLang / vLLM
     outs = gen.generate([prompt_ids, ...], SamplingParams(max_new_tokens=256))
     outs[0].text, outs[0].token_ids, outs[0].logprobs
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from mempo.agent.format import STOP_SEQUENCES
-from mempo.errors import MempoError
+from mempo.errors import ConfigError, MempoError
 
 log = logging.getLogger(__name__)
 
@@ -160,27 +161,37 @@ class HFGenerator:
             torch.stack([s.float().log_softmax(-1) for s in res.scores], dim=1).cpu()
             if sampling.logprobs and res.scores else None
         )
-        eos_ids = _eos_ids(self.model, self.tokenizer)
+        eos_ids = eos_token_ids(self.model, self.tokenizer)
         gens: list[Generation] = []
         for r in range(len(prompts)):
             ids = seqs[r].tolist()
-            n = len(ids)
-            for k, t in enumerate(ids):
-                if t in eos_ids:
-                    n = k + 1  # keep the eos: the policy generated it
-                    break
-            ids = ids[:n]
-            hit_eos = bool(ids) and ids[-1] in eos_ids
-            ids, text, hit_stop = cut_at_stop(ids, self.tokenizer, sampling.stop)
             lps = None
             if step_logp is not None:
                 lps = [float(step_logp[r, k, t]) for k, t in enumerate(ids)]
-            finished = hit_stop or hit_eos or len(ids) < sampling.max_new_tokens
-            gens.append(Generation(text, ids, lps, "stop" if finished else "length"))
+            gens.append(finish_generation(ids, lps, self.tokenizer, sampling, eos_ids))
         return gens
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+def finish_generation(ids: list[int], logprobs: list[float] | None, tokenizer: Any,
+                      sampling: SamplingParams, eos_ids: set[int]) -> Generation:
+    """The `Generation` of raw generated `ids` (and their log-probs): cut after the first eos
+    (kept), then right after the first stop string (`cut_at_stop`). Every engine ends here,
+    so they return the same thing for the same tokens."""
+    n = len(ids)
+    for k, t in enumerate(ids):
+        if t in eos_ids:
+            n = k + 1  # keep the eos: the policy generated it
+            break
+    ids = ids[:n]
+    hit_eos = bool(ids) and ids[-1] in eos_ids
+    ids, text, hit_stop = cut_at_stop(ids, tokenizer, sampling.stop)
+    lps = None if logprobs is None else [float(x) for x in logprobs[:len(ids)]]
+    finished = hit_stop or hit_eos or len(ids) < sampling.max_new_tokens
+    return Generation(text, ids, lps, "stop" if finished else "length")
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Token ids that end a sequence: the model's generation config, config and tokenizer."""
     ids: set[int] = set()
     for src in (getattr(model, "generation_config", None), getattr(model, "config", None)):
         e = getattr(src, "eos_token_id", None) if src is not None else None
@@ -191,6 +202,58 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
+
+
+class FastGenerator:
+    """Batched generation with `mempo.agent.decoder.Decoder` (preallocated KV cache, finished
+    rows dropped, waiting prompts joining between steps); same contract as `HFGenerator`.
+
+    Greedy outputs are token-identical to `generate()`; sampling draws from the same
+    distribution (temperature, then top-p) with `torch.multinomial`, seeded per call when
+    `sampling.seed` is set, else from torch's global RNG (as `HFGenerator`).
+
+    Args:
+        model: a `PreTrainedModel` (put on its device by the caller).
+        tokenizer: its tokenizer; a pad token is taken from eos when missing.
+        batch_size: rows decoded together (more prompts join as rows finish).
+        engine: "auto" | "llama" | "hf" (see `mempo.agent.decoder.make_engine`).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 64, engine: str = "auto") -> None:
+        from mempo.agent.decoder import Decoder
+
+        self.model = model
+        self.tokenizer = tokenizer
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.decoder = Decoder(model, tokenizer, max_batch=batch_size, engine=engine)
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Generation]:
+        import torch
+
+        gen = None
+        if sampling.seed is not None and sampling.temperature > 0:
+            device = next(self.model.parameters()).device
+            gen = torch.Generator(device=device).manual_seed(sampling.seed)
+        rows = self.decoder.decode(prompts, sampling.max_new_tokens, temperature=sampling.temperature,
+                                   top_p=sampling.top_p, stop=sampling.stop, logprobs=sampling.logprobs,
+                                   generator=gen)
+        eos = self.decoder.eos_ids
+        return [finish_generation(r.token_ids, r.logprobs if sampling.logprobs else None, self.tokenizer,
+                                  sampling, eos) for r in rows]
+
+
+DECODERS = ("fast", "hf")
+
+
+def make_generator(model: Any, tokenizer: Any, kind: str = "fast", batch_size: int = 64) -> Generator:
+    """The in-process generator every caller builds (`agent.decoder`, `--decoder`):
+    "fast" = `FastGenerator`, "hf" = `HFGenerator` (transformers `generate()`, the fallback)."""
+    if kind == "fast":
+        return FastGenerator(model, tokenizer, batch_size=batch_size)
+    if kind == "hf":
+        return HFGenerator(model, tokenizer, batch_size=batch_size)
+    raise ConfigError(f"unknown decoder '{kind}' (choose from {', '.join(DECODERS)})", field="agent.decoder")
 
 
 class OpenAIGenerator:

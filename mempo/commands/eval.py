@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--limit", type=int, default=None, help="items per benchmark (params: eval.limit)")
     ev.add_argument("--seed", type=int, default=None, help="params: eval.seed")
     ev.add_argument("--device", default=None, help="cpu | cuda (params: eval.device)")
+    ev.add_argument("--decoder", choices=["fast", "hf"], default=None,
+                    help="in-process generator for backend hf (params: agent.decoder)")
     ev.add_argument("--no-track", action="store_true", help="do not log to MLflow")
     ev.set_defaults(handler=_eval)
 
@@ -47,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("--served-model", default=None, help="params: eval.served_model")
     ask.add_argument("--max-turns", type=int, default=None, help="params: eval.max_turns")
     ask.add_argument("--device", default=None, help="params: eval.device")
+    ask.add_argument("--decoder", choices=["fast", "hf"], default=None, help="params: agent.decoder")
     ask.set_defaults(handler=_ask)
 
 
@@ -69,8 +72,9 @@ def _eval(args: argparse.Namespace) -> int:
         "eval.openai_url": args.openai_url, "eval.served_model": args.served_model,
         "eval.concurrency": args.concurrency, "eval.max_prompt_tokens": args.max_prompt_tokens,
         "eval.limit": args.limit, "eval.seed": args.seed, "eval.device": args.device,
+        "agent.decoder": args.decoder,
     })
-    result = run_eval(params.eval, params.benchmarks, track=not args.no_track)
+    result = run_eval(params.eval, params.benchmarks, track=not args.no_track, decoder=params.agent.decoder)
     benches = list(params.eval.benchmarks)
     print(f"{'EM':<16}" + "".join(f"{b:>11}" for b in benches))
     for agent in params.eval.agents:
@@ -85,15 +89,16 @@ def _ask(args: argparse.Namespace) -> int:
     from mempo.evaluation.model_ref import resolved_model
     from mempo.evaluation.runner import EvalSettings, load_engine
 
-    p = params_from(args, {
+    params = params_from(args, {
         "eval.model": args.model, "eval.retriever": _retriever_flag(args.retriever), "eval.backend": args.backend,
         "eval.openai_url": args.openai_url, "eval.served_model": args.served_model,
-        "eval.max_turns": args.max_turns, "eval.device": args.device,
-    }).eval
+        "eval.max_turns": args.max_turns, "eval.device": args.device, "agent.decoder": args.decoder,
+    })
+    p = params.eval
     with resolved_model(p.model) as model:
         engine = load_engine(model.path, model.tokenizer_path, backend=p.backend, device=p.device,
                              openai_url=p.openai_url, served_model=p.served_model, retriever=p.retriever,
-                             concurrency=1)
+                             concurrency=1, decoder=params.agent.decoder)
         episode = ask(args.question, engine, EvalSettings.from_params(p), full_context=args.full_context,
                       gold=args.gold)
     print(format_episode(episode, gold=args.gold))

@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     grpo.add_argument("--device", default=None, help="cpu | cuda | auto (params: train.device)")
     grpo.add_argument("--seed", type=int, default=None, help="seed (params: train.seed)")
     grpo.add_argument("--resume", default=None, help="auto | never | CHECKPOINT (params: train.resume)")
+    grpo.add_argument("--decoder", choices=["fast", "hf"], default=None, help="rollout generator (params: agent.decoder)")
     grpo.set_defaults(handler=_grpo)
 
     verl = add_subparser(tsub, "verl", "the scale path: MemPO as a verl 0.9.1 plug-in on Ray + GPUs (SGLang rollouts)")
@@ -86,6 +87,7 @@ def _grpo(args: argparse.Namespace) -> int:
         "train.policy": args.policy, "train.data": args.data, "train.retriever": args.retriever,
         "train.out": args.out, "train.steps": args.steps, "train.lambda_mem": args.lambda_mem,
         "train.device": args.device, "train.seed": args.seed, "train.resume": args.resume,
+        "agent.decoder": args.decoder,
     })
     metrics = run_grpo(params)
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))

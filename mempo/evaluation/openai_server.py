@@ -40,17 +40,18 @@ class CompletionRequest(BaseModel):
     seed: int | None = None
 
 
-def build_app(model_dir: str | Path, served_name: str = "policy", device: str = "cpu") -> Any:
-    """The FastAPI app: `POST /v1/completions`, `GET /v1/models`, `GET /health`."""
+def build_app(model_dir: str | Path, served_name: str = "policy", device: str = "cpu", decoder: str = "fast") -> Any:
+    """The FastAPI app: `POST /v1/completions`, `GET /v1/models`, `GET /health`. `decoder`:
+    "fast" | "hf" (see `mempo.agent.generation.make_generator`)."""
     import torch
     from fastapi import FastAPI, HTTPException
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mempo.agent.generation import HFGenerator, SamplingParams
+    from mempo.agent.generation import SamplingParams, make_generator
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
-    generator = HFGenerator(model, tokenizer)
+    generator = make_generator(model, tokenizer, decoder)
     lock = threading.Lock()
 
     app = FastAPI(title="mempo policy (OpenAI-compatible completions)")
@@ -131,10 +132,11 @@ def main() -> None:
     ap.add_argument("--served-name", default="policy")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--decoder", choices=["fast", "hf"], default="fast", help="in-process generator")
     args = ap.parse_args()
     import uvicorn
 
-    uvicorn.run(build_app(args.model, args.served_name), host=args.host, port=args.port)
+    uvicorn.run(build_app(args.model, args.served_name, decoder=args.decoder), host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

@@ -544,19 +544,21 @@ def load_engine(
     retriever: str | None = None,
     concurrency: int = 16,
     load_model_for_probe: bool = True,
+    decoder: str = "fast",
 ) -> Engine:
-    """Tokenizer + generator (+ model for hf) + retriever for an evaluation."""
+    """Tokenizer + generator (+ model for hf) + retriever for an evaluation. `decoder`
+    ("fast" | "hf", `agent.decoder`) picks the in-process generator of backend hf."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mempo.agent.generation import HFGenerator, OpenAIGenerator
+    from mempo.agent.generation import OpenAIGenerator, make_generator
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
     model = None
     if backend == "hf":
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).to(device).eval()
-        generator: Any = HFGenerator(model, tokenizer, batch_size=concurrency)
+        generator: Any = make_generator(model, tokenizer, decoder, batch_size=concurrency)
     elif backend == "openai":
         if not openai_url:
             raise ConfigError("backend 'openai' needs eval.openai_url", field="eval.openai_url")
@@ -571,7 +573,8 @@ def load_engine(
     return Engine(generator=generator, tokenizer=tokenizer, retriever=r, model=model if load_model_for_probe else None)
 
 
-def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bool = True) -> EvalResult:
+def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bool = True,
+             decoder: str = "fast") -> EvalResult:
     """The `eval` stage: load benchmarks, resolve the model, run the agents, write and log outputs.
 
     Args:
@@ -579,6 +582,7 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
         benchmarks: the `benchmarks:` section (`BenchmarksParams`) or a name -> path mapping.
         engine: an already built engine (tests, `mempo ask` reuse); built from `p` otherwise.
         track: log to an MLflow `eval` stage run (also off with MEMPO_TRACKING=0).
+        decoder: the in-process generator when the engine is built here (`agent.decoder`).
     """
     from mempo.evaluation.model_ref import resolved_model
 
@@ -599,7 +603,7 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
         if engine is None:
             engines_by_ref = {ref: load_engine(
                 m.path, m.tokenizer_path, backend=p.backend, device=p.device, openai_url=p.openai_url,
-                served_model=p.served_model, concurrency=p.concurrency) for ref, m in resolved.items()
+                served_model=p.served_model, concurrency=p.concurrency, decoder=decoder) for ref, m in resolved.items()
                 if ref in refs.values()}
             if needs_retriever:
                 from mempo.retrieval import open_retriever
@@ -618,6 +622,7 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
             "policies": {a: {"model": refs[a], "trained_context": policy_context(resolved[refs[a]].path),
                              "agent_context": AGENT_CONTEXT[a]} for a in p.agents},
             "backend": p.backend,
+            "decoder": decoder if p.backend == "hf" else "",
             "retriever": p.retriever if needs_retriever else "",
             "agents": ", ".join(p.agents),
             "benchmarks": ", ".join(f"{b} ({len(v)})" for b, v in items.items()),

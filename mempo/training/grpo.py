@@ -303,14 +303,14 @@ def make_rollout_setup(retriever: Any, tokenizer: Any, agent: Any, tp: Any, gree
 
 
 def evaluate_tasks(model: Any, tokenizer: Any, tasks: Sequence[Any], setup: RolloutSetup,
-                   gen_batch: int, multi_rule: str, context: str = "memory") -> dict[str, float]:
+                   gen_batch: int, multi_rule: str, context: str = "memory", decoder: str = "fast") -> dict[str, float]:
     """Greedy episodes on `tasks` (QAItems) in `context`; outcome metrics (see `episode_metrics`)."""
-    from mempo.agent.generation import HFGenerator
+    from mempo.agent.generation import make_generator
     from mempo.training.rollouts import lockstep_episodes
 
     model.eval()
-    eps = lockstep_episodes(list(tasks), HFGenerator(model, tokenizer, batch_size=gen_batch), setup.sampling,
-                            setup.env, tokenizer, 1, setup.config, context=context)  # type: ignore[arg-type]
+    eps = lockstep_episodes(list(tasks), make_generator(model, tokenizer, decoder, batch_size=gen_batch),
+                            setup.sampling, setup.env, tokenizer, 1, setup.config, context=context)  # type: ignore[arg-type]
     rewards = [ep.outcome_reward(multi_rule=multi_rule) for ep in eps]
     return episode_metrics(eps, rewards, multi_rule)
 
@@ -347,7 +347,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     from tqdm import tqdm
 
     from mempo.advantage import MemoryTurn, memory_reward
-    from mempo.agent.generation import HFGenerator
+    from mempo.agent.generation import make_generator
     from mempo.retrieval import open_retriever
     from mempo.tracking import active_run_id, log_file, log_json, log_metrics, log_plot
     from mempo.training.checkpoint import (
@@ -395,7 +395,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     with open_retriever(tp.retriever) as retriever:
         setup = make_rollout_setup(retriever, tok, agent, tp)
         val_setup = make_rollout_setup(retriever, tok, agent, tp, greedy=True)
-        generator = HFGenerator(model, tok, batch_size=tp.generation_batch_size)
+        generator = make_generator(model, tok, agent.decoder, batch_size=tp.generation_batch_size)
         bar = tqdm(total=tp.steps, initial=state.step, desc=f"grpo (lambda_mem={tp.lambda_mem})", unit="step")
         while state.step < tp.steps:
             t0 = time.perf_counter()
@@ -460,7 +460,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
             row["mem_scoring_share"] = row["time_mem_scoring"] / max(row["time_step"], 1e-9)
             if tp.val_every and val_tasks and (state.step % tp.val_every == 0 or state.step == tp.steps):
                 vm = evaluate_tasks(model, tok, val_tasks, val_setup, tp.generation_batch_size, mp.multi_rule,
-                                    agent.context)
+                                    agent.context, agent.decoder)
                 row.update({f"val_{k}": v for k, v in vm.items() if k in ("em", "f1", "format_valid", "turns")})
             state.history.append(row)
             log_metrics({k: v for k, v in row.items() if k != "step"}, step=state.step, prefix="train")
