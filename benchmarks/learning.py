@@ -69,6 +69,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2 seeds, short budgets, fewer test tasks")
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
+    ap.add_argument("--full-seeds", type=int, nargs="+", default=None,
+                    help="seeds of the full-history RL variant (default: --seeds); its RL steps cost ~2x")
     ap.add_argument("--variants", nargs="+", default=None, choices=list(RL_VARIANTS),
                     help="RL variants (default: all)")
     ap.add_argument("--sft-steps", type=int, default=None,
@@ -88,6 +90,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     q = a.quick
     a.seeds = a.seeds or ([0, 1] if q else [0, 1, 2, 3, 4])
+    a.full_seeds = a.full_seeds or a.seeds
     a.variants = a.variants or list(RL_VARIANTS)
     a.sft_steps = a.sft_steps if a.sft_steps is not None else (300 if q else 0)
     a.rl_steps = a.rl_steps or (8 if q else 40)
@@ -264,6 +267,11 @@ def job_untrained(a: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, A
             "eval_seconds": time.perf_counter() - t0}
 
 
+def seeds_of(a: argparse.Namespace, variant: str) -> list[int]:
+    """The RL seeds of `variant`: --full-seeds for the full-history format, else --seeds."""
+    return list(a.full_seeds if RL_VARIANTS[variant][0] == "full" else a.seeds)
+
+
 def _run_job(kind: str, key: str, a: argparse.Namespace, inputs: dict[str, Path], *args: Any) -> tuple[str, Any]:
     """Run a job unless its result file exists (resume); returns (key, result)."""
     f = Path(a.workdir) / "results" / f"{key}.json"
@@ -292,7 +300,7 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
     variants: dict[str, list[dict[str, Any]]] = {
         "untrained": [results["untrained"]], "sft": [results["sft-memory"]], "sft_full": [results["sft-full"]]}
     for v in a.variants:
-        variants[v] = [results[f"rl-{v}-seed{s}"] for s in a.seeds]
+        variants[v] = [results[f"rl-{v}-seed{s}"] for s in seeds_of(a, v)]
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for v, runs in variants.items():
         table[v] = {}
@@ -306,13 +314,17 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                          "mempo_prev_minus_grpo": ("mempo_prev", "grpo")}.items():
         if x not in variants or y not in variants:
             continue
-        paired[name] = {}
+        # pairs on the seeds both variants ran (seed s of each saw the same task order)
+        common = [s for s in seeds_of(a, x) if s in seeds_of(a, y)]
+        xs = [results[f"rl-{x}-seed{s}"] for s in common]
+        ys = [results[f"rl-{y}-seed{s}"] for s in common]
+        paired[name] = {"seeds": common}
         for bench in BENCHES:
             for metric in ("em", "objective_em", "forgetting_rate"):
                 key = f"{bench}/{metric}"
                 paired[name][key] = paired_bootstrap(
-                    [{t: d[metric] for t, d in r["eval"][bench]["per_task"].items()} for r in variants[x]],
-                    [{t: d[metric] for t, d in r["eval"][bench]["per_task"].items()} for r in variants[y]],
+                    [{t: d[metric] for t, d in r["eval"][bench]["per_task"].items()} for r in xs],
+                    [{t: d[metric] for t, d in r["eval"][bench]["per_task"].items()} for r in ys],
                     a.bootstrap)
     curves = {}
     for v in a.variants:
@@ -337,7 +349,7 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                    "last_quarter": statistics.fmean(tail) if tail else None}
     return {
         "benchmark": "learning", "quick": a.quick,
-        "config": {"seeds": a.seeds, "sft_steps": a.sft_steps, "rl_steps": a.rl_steps,
+        "config": {"seeds": {v: seeds_of(a, v) for v in a.variants}, "sft_steps": a.sft_steps, "rl_steps": a.rl_steps,
                    "batch_questions": a.batch_questions, "n_rollouts": a.n_rollouts,
                    "eval_tasks": {b: table["sft"][b]["n"] for b in BENCHES}, "untrained_tasks": a.untrained_n,
                    "sft": "one checkpoint per format (seed 0), shared by the RL seeds",
@@ -401,7 +413,7 @@ def print_table(out: dict[str, Any]) -> None:
         print(f"{v:<11}{cells}")
     for name, per in out["paired"].items():
         for key, d in per.items():
-            if d and key.rsplit("/", 1)[1] in ("em", "objective_em"):
+            if isinstance(d, dict) and key.rsplit("/", 1)[-1] in ("em", "objective_em"):
                 print(f"{name:<22} {key:<18} {d['mean']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]")
 
 
@@ -417,8 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     # The two SFT formats and the untrained policy first; each format's RL jobs (variants x
     # seeds) start as soon as its SFT checkpoint exists, so both cores stay busy.
-    rl_jobs = {fmt: [("rl", f"rl-{v}-seed{s}", v, s) for s in a.seeds for v in a.variants if RL_VARIANTS[v][0] == fmt]
-               for fmt in ("memory", "full")}
+    rl_jobs = {fmt: [("rl", f"rl-{v}-seed{s}", v, s) for v in a.variants if RL_VARIANTS[v][0] == fmt
+                     for s in seeds_of(a, v)] for fmt in ("memory", "full")}
     first = [("sft", "sft-memory", "memory"), ("sft", "sft-full", "full"), ("untrained", "untrained")]
     total = len(first) + sum(map(len, rl_jobs.values()))
     with ProcessPoolExecutor(max_workers=a.jobs, mp_context=mp.get_context("spawn")) as pool:
