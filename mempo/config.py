@@ -484,6 +484,8 @@ class ClusterParams(Section):
     shared_mount: str = "/mnt/mempo"
     mlflow_secret: str = "mempo-mlflow"
     mlflow_secret_key: str = "MLFLOW_TRACKING_URI"
+    retriever_secret: str = "mempo-retriever"
+    retriever_secret_key: str = "MEMPO_RETRIEVER_TOKEN"
     queue: str = ""
     active_deadline_s: int = Field(172800, ge=60)
     ttl_after_finished_s: int = Field(3600, ge=0)

@@ -50,6 +50,12 @@ def build_pipeline(gpu: bool):
 
     name = "mempo-pipeline" if gpu else "mempo-pipeline-cpu"
 
+    def retriever_token(task):
+        # the retrieval service's bearer token from its Secret, for the steps that search
+        if gpu:
+            kubernetes.use_secret_as_env(task, secret_name=CLUSTER.retriever_secret,
+                                         secret_key_to_env={CLUSTER.retriever_secret_key: "MEMPO_RETRIEVER_TOKEN"})
+
     def size(task, cpu: str, memory: str, gpus: int = 0, accelerator: str = "nvidia.com/gpu"):
         if gpu:
             task.set_cpu_request(cpu).set_cpu_limit(cpu).set_memory_request(memory).set_memory_limit(memory)
@@ -88,6 +94,7 @@ def build_pipeline(gpu: bool):
         sft = sft_op(**common, retriever_url=retriever_url, mlflow_uri=mlflow_uri, parent_run_id=run_id,
                      policy=policy.outputs["policy"], world=world.outputs["world"], index=index.outputs["index"])
         size(sft.set_display_name("SFT cold start").set_retry(2), "16", "256Gi", gpus=8)
+        retriever_token(sft)
         if gpu:
             train = train_rayjob_op(**common, rayjob=base_rayjob(CLUSTER), retriever_url=retriever_url,
                                     parent_run_id=run_id, init=sft.outputs["sft"], data=data.outputs["data"])
@@ -102,6 +109,7 @@ def build_pipeline(gpu: bool):
                              trained=train.outputs["trained"], world=world.outputs["world"],
                              index=index.outputs["index"])
         size(evaluation.set_display_name("evaluation").set_retry(2), "8", "64Gi", gpus=1)
+        retriever_token(evaluation)
         registered = register_op(**common, mlflow_uri=mlflow_uri, parent_run_id=run_id,
                                  trained=train.outputs["trained"], evaluation=evaluation.outputs["evaluation"],
                                  data=data.outputs["data"])

@@ -4,6 +4,7 @@ pipeline runs end to end under kfp.local with the local trainer."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -132,3 +133,24 @@ def test_cpu_pipeline_runs_end_to_end_under_kfp_local(tmp_path: Path, monkeypatc
     )
     assert {r.data.tags["mempo.stage"] for r in children} >= {"sft", "train", "eval", "register", "promote"}
     assert os.path.isdir(tmp_path / "root")
+
+
+def test_cluster_steps_that_search_get_the_retriever_token_from_its_secret() -> None:
+    from mempo.config import load_params
+
+    cluster = load_params(REPO / "params.yaml").cluster
+    spec, platform = _docs("mempo_pipeline.yaml")
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    tasks = spec["root"]["dag"]["tasks"]
+
+    def label(task: str) -> str:
+        return spec["components"][tasks[task]["componentRef"]["name"]]["executorLabel"]
+
+    for task in ("sft-op", "eval-op"):
+        secrets = executors[label(task)]["secretAsEnv"]
+        assert [(s["secretName"], k["secretKey"], k["envVar"]) for s in secrets for k in s["keyToEnv"]] == [
+            (cluster.retriever_secret, cluster.retriever_secret_key, "MEMPO_RETRIEVER_TOKEN")]
+        assert all(s["optional"] is False for s in secrets)
+    # never a literal value: no container of the compiled spec sets it
+    for ex in spec["deploymentSpec"]["executors"].values():
+        assert "MEMPO_RETRIEVER_TOKEN" not in json.dumps(ex["container"].get("env", []))

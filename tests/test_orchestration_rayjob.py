@@ -68,6 +68,10 @@ def test_rendered_rayjob_is_a_valid_kuberay_v1_rayjob_sized_from_params(tmp_path
         assert env["MLFLOW_TRACKING_URI"]["valueFrom"]["secretKeyRef"] == {"name": "mempo-mlflow",
                                                                            "key": "MLFLOW_TRACKING_URI"}
         assert "value" not in env["MLFLOW_TRACKING_URI"]
+        # and the retrieval service's token from the retriever's Secret (rollout tool calls send it)
+        assert env["MEMPO_RETRIEVER_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "mempo-retriever",
+                                                                             "key": "MEMPO_RETRIEVER_TOKEN"}
+        assert "value" not in env["MEMPO_RETRIEVER_TOKEN"]
         mounts = {v["mountPath"]: v["name"] for v in pod["template"]["spec"]["containers"][0]["volumeMounts"]}
         claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName")
                   for v in pod["template"]["spec"]["volumes"]}

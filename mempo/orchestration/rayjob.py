@@ -12,6 +12,7 @@ What the RayJob holds (`base_rayjob` from params.yaml `cluster:`, then `with_run
   GPUs each (verl's `trainer.nnodes` x `trainer.n_gpus_per_node`), all in the train image
   (containers/train) and all mounting the run volume `cluster.shared_claim` at
   `cluster.shared_mount`, where the inputs, verl's checkpoints and the merged model live;
+- `MEMPO_RETRIEVER_TOKEN` from the Secret `cluster.retriever_secret` (the retriever's own).
 - `MLFLOW_TRACKING_URI` from the Secret `cluster.mlflow_secret` in every pod (never inline:
   the URI may carry credentials); the parent run id and the retriever URL in `runtimeEnvYAML`;
 - the entrypoint `mempo ... train verl --ray-address auto ...` (every argument shell-quoted:
@@ -148,6 +149,9 @@ def _pod_template(cluster: Any, *, container: str, cpus: str, memory: str, gpus:
         "env": [
             {"name": "MLFLOW_TRACKING_URI",
              "valueFrom": {"secretKeyRef": {"name": cluster.mlflow_secret, "key": cluster.mlflow_secret_key}}},
+            # the retrieval service's token: the tool calls of every rollout worker send it
+            {"name": "MEMPO_RETRIEVER_TOKEN",
+             "valueFrom": {"secretKeyRef": {"name": cluster.retriever_secret, "key": cluster.retriever_secret_key}}},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             {"name": "HF_HUB_OFFLINE", "value": "1"},
             {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
