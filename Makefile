@@ -45,7 +45,7 @@ bench: setup ## run the benchmarks in full (writes benchmarks/results/*.json)
 bench-quick: setup ## run the benchmarks with --quick
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done
 
-train-verl: setup ## MemPO on verl 0.9.1 + Ray + GPUs (needs GPUs; see README "Multi-node"); VERL_ARGS="--ray-address auto ..."
+train-verl: setup ## MemPO on verl 0.9.1 + Ray + GPUs (needs GPUs; see docs/scale.md); VERL_ARGS="--ray-address auto ..."
 	$(BIN)/mempo train verl $(VERL_ARGS)
 
 gpu-smoke: ## on a lent GPU machine (no .venv, no registry): SFT/GRPO/probe/encoder on CUDA -> benchmarks/results/gpu_smoke.json

@@ -28,11 +28,9 @@ def eval_op(
 
     from mempo.config import load_params
     from mempo.evaluation.runner import run_eval
+    from mempo.tracking import use_tracking
 
-    if mlflow_uri:
-        os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
-    if parent_run_id:
-        os.environ["MEMPO_PARENT_RUN_ID"] = parent_run_id
+    use_tracking(mlflow_uri, parent_run_id)
     params = load_params(params_file, overrides={
         **overrides, "eval.model": os.path.join(trained.path, "model"), "eval.out": evaluation.path,
         "eval.retriever": retriever_url or index.path,

@@ -11,14 +11,12 @@ from components.images import BASE_IMAGE
 @dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)
 def open_parent_run_op(mlflow_uri: str, experiment: str, pipeline_name: str) -> str:
     """Creates the parent run (status RUNNING) and returns its id."""
-    import os
 
     from mlflow import MlflowClient
 
-    from mempo.tracking import configure, ensure_experiment, git_commit
+    from mempo.tracking import configure, ensure_experiment, git_commit, use_tracking
 
-    if mlflow_uri:
-        os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
+    use_tracking(mlflow_uri)
     uri = configure()
     sha, _ = git_commit()
     run = MlflowClient(uri).create_run(
@@ -31,12 +29,10 @@ def open_parent_run_op(mlflow_uri: str, experiment: str, pipeline_name: str) -> 
 @dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)
 def close_parent_run_op(mlflow_uri: str, parent_run_id: str, status: str) -> None:
     """Ends the parent run with `status` (FINISHED after the last step)."""
-    import os
 
     from mlflow import MlflowClient
 
-    from mempo.tracking import configure
+    from mempo.tracking import configure, use_tracking
 
-    if mlflow_uri:
-        os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
+    use_tracking(mlflow_uri)
     MlflowClient(configure()).set_terminated(parent_run_id, status=status)

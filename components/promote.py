@@ -11,15 +11,12 @@ from components.images import BASE_IMAGE
 @dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)
 def promote_op(params_file: str, overrides: dict, mlflow_uri: str, parent_run_id: str, model_uri: str) -> bool:
     """Gates the version in `model_uri` (`models:/NAME/VERSION`); returns whether it was promoted."""
-    import os
 
     from mempo.config import load_params
     from mempo.registry import gate_from_params, promote
+    from mempo.tracking import use_tracking
 
-    if mlflow_uri:
-        os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
-    if parent_run_id:
-        os.environ["MEMPO_PARENT_RUN_ID"] = parent_run_id
+    use_tracking(mlflow_uri, parent_run_id)
     name, version = model_uri.removeprefix("models:/").rsplit("/", 1)
     p = load_params(params_file, overrides=overrides).promote
     decision = promote(name, gate_from_params(p), version=version, lock_wait_s=p.lock_wait_s)

@@ -21,11 +21,9 @@ def register_op(
 
     from mempo.config import load_params
     from mempo.registry import gate_from_params, register_model
+    from mempo.tracking import use_tracking
 
-    if mlflow_uri:
-        os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
-    if parent_run_id:
-        os.environ["MEMPO_PARENT_RUN_ID"] = parent_run_id
+    use_tracking(mlflow_uri, parent_run_id)
     params = load_params(params_file, overrides=overrides)
     p = params.registration
     result = register_model(

@@ -21,15 +21,12 @@ def sft_op(
 ) -> None:
     """Writes `sft/model` (HF folder) and its curves; retrieves through `retriever_url` if set,
     else in process from the index artifact."""
-    import os
 
     from mempo.config import load_params
+    from mempo.tracking import use_tracking
     from mempo.training.sft import run_sft
 
-    if mlflow_uri:
-        os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
-    if parent_run_id:
-        os.environ["MEMPO_PARENT_RUN_ID"] = parent_run_id
+    use_tracking(mlflow_uri, parent_run_id)
     params = load_params(params_file, overrides={
         **overrides, "sft.policy": policy.path, "sft.world": world.path,
         "sft.retriever": retriever_url or index.path, "sft.out": sft.path,

@@ -30,12 +30,10 @@ def train_op(
     import os
 
     from mempo.config import load_params
+    from mempo.tracking import use_tracking
     from mempo.training.grpo import run_grpo
 
-    if mlflow_uri:
-        os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
-    if parent_run_id:
-        os.environ["MEMPO_PARENT_RUN_ID"] = parent_run_id
+    use_tracking(mlflow_uri, parent_run_id)
     params = load_params(params_file, overrides={
         **overrides, "train.policy": os.path.join(init.path, "model"), "train.data": data.path,
         "train.retriever": retriever_url or index.path, "train.out": trained.path,

@@ -306,8 +306,3 @@ def iter_jsonl(
                 yield lineno, obj
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise DataError(f"cannot read: {e}", path=path) from e
-
-
-def read_jsonl(path: str | Path, **kwargs: Any) -> list[dict[str, Any]]:
-    """`iter_jsonl` collected into a list (for small files: QA sets, trajectories)."""
-    return [obj for _, obj in iter_jsonl(path, **kwargs)]

@@ -116,6 +116,18 @@ def configure(root: str | Path | None = None) -> str:
     return uri
 
 
+def use_tracking(mlflow_uri: str = "", parent_run_id: str = "") -> None:
+    """Send this process's stage runs to `mlflow_uri`, nested under `parent_run_id`.
+
+    For orchestrator steps (the KFP components) that get both as parameters. An empty value
+    leaves the environment as it is: the pod's own `MLFLOW_TRACKING_URI`, no parent run.
+    """
+    if mlflow_uri:
+        os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
+    if parent_run_id:
+        os.environ[ENV_PARENT_RUN] = parent_run_id
+
+
 def ensure_experiment(name: str = DEFAULT_EXPERIMENT, root: str | Path | None = None) -> str:
     """The id of experiment `name`, created (with `artifact_root`) if missing. Race-safe."""
     from mlflow import MlflowClient

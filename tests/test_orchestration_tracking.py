@@ -76,6 +76,19 @@ def test_stage_run_in_child_process_nests_via_env(mlflow_uri: str, tmp_path: Pat
     assert run.info.status == "FINISHED"
 
 
+def test_use_tracking_sets_only_the_values_a_component_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///pod.db")
+    monkeypatch.setenv("MEMPO_PARENT_RUN_ID", "placeholder")
+    monkeypatch.delenv("MEMPO_PARENT_RUN_ID")  # recorded, so the value set below is undone
+    tracking.use_tracking("", "")
+    assert tracking.tracking_uri() == "sqlite:///pod.db" and "MEMPO_PARENT_RUN_ID" not in os.environ
+    tracking.use_tracking("http://mlflow.example:5000", "abc123")
+    assert tracking.tracking_uri() == "http://mlflow.example:5000"
+    assert os.environ["MEMPO_PARENT_RUN_ID"] == "abc123"
+
+
 def test_stage_wall_time_is_a_metric_and_in_the_pipeline_summary(mlflow_uri: str, tmp_path: Path) -> None:
     import time
 

@@ -283,8 +283,3 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, str]], assistant_pref
     else:
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
     return text + assistant_prefix
-
-
-def split_answer(answer: str) -> list[str]:
-    """Split a multi-objective answer `a1; a2; ...` into stripped parts."""
-    return [a.strip() for a in answer.split(ANSWER_SEP)]

@@ -23,7 +23,6 @@ The three multi-turn agents run through the core rollout loop (`mempo.agent.roll
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from mempo.agent.context import NO_VALID_ACTION, ContextBuilder
@@ -163,8 +162,3 @@ def turn_transcript(parsed: ParsedTurn, observation: str | None, prompt_tokens: 
         "titles": observation_titles(observation),
         "prompt_tokens": prompt_tokens,
     }
-
-
-def dedupe(seq: Sequence[str]) -> list[str]:
-    """Order-preserving unique items."""
-    return list(dict.fromkeys(seq))

@@ -331,12 +331,6 @@ def run_single_turn(
     return rows
 
 
-def _titles(obs: str | None) -> list[str]:
-    from mempo.evaluation.agents import observation_titles
-
-    return observation_titles(obs)
-
-
 def add_memory_probe(rows: list[dict[str, Any]], engine: Engine, batch_size: int = 16) -> None:
     """Set `memory_probe` = P(gold answer | question, final memory) on rows with a memory.
 

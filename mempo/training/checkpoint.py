@@ -468,8 +468,3 @@ def retire_checkpoints(root: str | Path) -> int:
     if steps:
         log.info("retired %d checkpoint(s) in %s (the final model is saved)", len(steps), root)
     return len(steps)
-
-
-def write_trainer_state(path: str | Path, state: TrainerState) -> None:
-    """The trainer state as JSON (for the final output folder)."""
-    write_json(path, {"step": state.step, "history": state.history, "extra": state.extra})
