@@ -102,6 +102,6 @@ with DAG(
             "retriever_ready",
             ["rollout", "status", "deployment/mempo-retriever", "-n", NAMESPACE, "--timeout=30m"],
             service_account="mempo-index-publisher", timeout=timedelta(minutes=35),
-            doc="wait until every retriever pod serves the new index (readiness on /health)",
+            doc="wait until every retriever pod serves the new index (readiness on /ready)",
         )
         publish >> roll >> ready

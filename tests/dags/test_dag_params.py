@@ -230,3 +230,31 @@ def test_task_factory_refuses_templates_and_undeclared_references():
     out = subprocess.run(["bash", "-c", "printf %s " + bash_word("$(id)`id`${MEMPO_X}")],
                          env={"MEMPO_X": "'; id"}, capture_output=True, text=True, check=True).stdout
     assert out == "$(id)`id`'; id"
+
+
+def test_the_retriever_roll_runs_as_a_service_account_allowed_to_do_exactly_that(monkeypatch):
+    """The index DAG's kubectl pods run as mempo-index-publisher; its Role (in
+    containers/retriever/k8s/publisher-rbac.yaml) grants what `rollout restart` and `rollout
+    status` need on the retriever Deployment, in the Deployment's namespace, and no more."""
+    dag = _bag("kubernetes", monkeypatch).dags["mempo_index"]
+    deployment = yaml.safe_load((REPO / "containers/retriever/k8s/deployment.yaml").read_text())
+    docs = {d["kind"]: d for d in yaml.safe_load_all((REPO / "containers/retriever/k8s/publisher-rbac.yaml").read_text())}
+    name, namespace = deployment["metadata"]["name"], deployment["metadata"]["namespace"]
+    granted: set[tuple[str, str | None]] = set()
+    for rule in docs["Role"]["rules"]:
+        assert rule["apiGroups"] == ["apps"] and rule["resources"] == ["deployments"], rule
+        for verb in rule["verbs"]:
+            for res_name in rule.get("resourceNames", [None]):
+                granted.add((verb, res_name))
+    assert granted == {("get", name), ("patch", name), ("list", None), ("watch", None)}
+    binding = docs["RoleBinding"]
+    assert binding["roleRef"]["name"] == docs["Role"]["metadata"]["name"]
+    account = docs["ServiceAccount"]["metadata"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["name"], "namespace": namespace}]
+    assert {d["metadata"]["namespace"] for d in docs.values()} == {namespace}
+    for task_id, verb in (("roll_retriever", "restart"), ("retriever_ready", "status")):
+        pod = _render(dag.get_task(task_id), dag.params.dump()).build_pod_request_obj()
+        c = pod.spec.containers[0]
+        assert pod.spec.service_account_name == account["name"], task_id
+        assert c.command == ["kubectl"] and c.args[:3] == ["rollout", verb, f"deployment/{name}"], c.args
+        assert c.args[c.args.index("-n") + 1] == namespace
