@@ -113,6 +113,19 @@ def choose_tokens(
 # ------------------------------------------------------------------------------ engines
 
 
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [B, W] and attention mask [B, W] of `prompts`, right-aligned (left-padded
+    with `pad_id`) to the longest one, W; on the CPU."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        if len(p):
+            ids[r, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+            mask[r, width - len(p):] = 1
+    return ids, mask
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # transformers' LlamaRMSNorm / Qwen2RMSNorm: x * rsqrt(mean(x^2) + eps) * weight, the
     # statistics in float32 (the same values here in float32: tested against `generate()`).
@@ -352,19 +365,13 @@ class HFEngine:
         from transformers import DynamicCache
 
         device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for r, p in enumerate(prompts):
-            if len(p):
-                ids[r, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-                mask[r, width - len(p):] = 1
+        ids, mask = left_pad(prompts, pad_id)
         self.mask = mask.to(device)
         pos = (self.mask.cumsum(-1) - 1).clamp(min=0)
         self.cache = DynamicCache(config=self.model.config)
         logits = self._run(ids.to(device), pos)
         self.pos = pos[:, -1] + 1
-        self.length = width
+        self.length = ids.shape[1]
         return logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

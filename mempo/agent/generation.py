@@ -128,15 +128,12 @@ class HFGenerator:
 
         if not prompts:
             return []
+        from mempo.agent.decoder import left_pad
+
         pad_id = self.tokenizer.pad_token_id
-        width = max(len(p) for p in prompts)
         device = next(self.model.parameters()).device
-        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for r, p in enumerate(prompts):
-            if len(p):
-                input_ids[r, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-                attention[r, width - len(p):] = 1
+        input_ids, attention = left_pad(prompts, pad_id)
+        width = input_ids.shape[1]
         greedy = sampling.temperature <= 0
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
