@@ -107,3 +107,13 @@ def test_run_pipeline_pushes_its_outputs_to_the_default_remote(tmp_path: Path, m
     cloud = subprocess.run([dvc, "status", "--cloud", "--json"], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert json.loads(cloud.stdout) == {}
     assert [p.read_text() for p in (tmp_path / "remote").rglob("*") if p.is_file()] == ["fine\n"]
+
+
+def test_train_full_lists_every_train_key_but_the_ones_it_sets_itself() -> None:
+    """`train_full` pins lambda_mem to 0 and sets policy and out on its command line, so it
+    lists the other `train.*` keys one by one; a new `train` key must be listed there too."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    train_keys = set(yaml.safe_load((REPO / "params.yaml").read_text())["train"])
+    listed = {p.removeprefix("train.") for p in stages["train_full"]["params"] if str(p).startswith("train.")}
+    assert listed == train_keys - {"lambda_mem", "policy", "out", "log_memory_reward"}
+    assert "train" not in stages["train_full"]["params"]
