@@ -22,6 +22,42 @@ GRPO_KEYS = [
 ]
 
 
+def test_full_history_turns_merge_into_one_sample_with_the_same_loss_per_response_token(
+    setup: dict[str, Path]
+) -> None:
+    import torch
+
+    from mempo.training.runtime import load_policy
+    from mempo.training.sft import (
+        TokenizedSample,
+        collate,
+        load_sft_samples,
+        merge_prefix_turns,
+        token_loss,
+        tokenize_samples,
+    )
+
+    labels = collate([TokenizedSample([5, 6, 7, 8, 9, 10], 6, None, ((1, 3), (4, 6)))], pad_id=0)["labels"]
+    assert labels.tolist() == [[-100, 6, 7, -100, 9, 10]]
+    model, tok = load_policy(setup["sft"] / "model", "cpu", "float32")
+    episodes = setup["sft"] / "trajectories" / "train_episodes.jsonl"
+    full = tokenize_samples(load_sft_samples(episodes, "full")[:60], tok, prompt_lm=True)
+    merged = merge_prefix_turns(full)
+    assert len(merged) < len(full) // 2  # episodes of 2+ turns became one sample each
+    assert sum(len(s.loss_spans()) for s in merged) == len(full)
+    with torch.no_grad():
+        per_turn = [token_loss(model, collate([s], tok.pad_token_id), "cpu") for s in full]
+        per_episode = [token_loss(model, collate([s], tok.pad_token_id), "cpu") for s in merged]
+    assert sum(n for _, n in per_episode) == sum(n for _, n in per_turn)
+    assert abs(sum(float(x) for x, _ in per_episode) - sum(float(x) for x, _ in per_turn)) < 1e-3
+    assert sum(len(s.input_ids) for s in merged) < sum(len(s.input_ids) for s in full) / 2
+    # a merged sample never grows past max_tokens; memory-context turns never merge
+    cap = max(len(s.input_ids) for s in full) - 1
+    assert all(len(s.input_ids) <= cap or len(s.loss_spans()) == 1 for s in merge_prefix_turns(full, cap))
+    memory = tokenize_samples(load_sft_samples(episodes, "memory")[:60], tok)
+    assert merge_prefix_turns(memory) == memory
+
+
 @pytest.fixture(scope="module")
 def setup(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny policy -> a short SFT -> prepared parquet (rl part) for GRPO."""
@@ -110,7 +146,10 @@ def test_full_history_baseline_learns_from_the_same_teacher_episodes_and_trains_
         "sft.trajectories": str(traj / "train_episodes.jsonl"),
         "sft.val_trajectories": str(traj / "val_episodes.jsonl"), "sft.max_steps": 2, "sft.batch_size": 4,
         "sft.eval_every": 2, "sft.max_tokens": 4096, "sft.resume": "never"})
-    assert run_sft(sft_params, tracking=False)["steps"] == 2
+    sft_metrics = run_sft(sft_params, tracking=False)
+    assert sft_metrics["steps"] == 2
+    # an episode's full-history turns trained as one prefix-sharing sample
+    assert sft_metrics["data_merged_samples"] < sft_metrics["train_samples"] == len(full)
     assert json.loads((sft_out / "model" / "policy.json").read_text())["context"] == "full"
     over = _grpo_overrides(setup, grpo_out, **{"train.policy": str(sft_out / "model"), "train.steps": 2,
                                                "train.lambda_mem": 0.0, "agent.context": "full"})

@@ -68,11 +68,17 @@ class EpisodeRecord:
 @dataclass(frozen=True)
 class TokenizedSample:
     """`input_ids` = prompt ids + response ids (+ eos); `n_prompt` leading ids carry no loss,
-    except those `prompt_lm` marks (True) when the trainer adds a prompt LM loss."""
+    except those `prompt_lm` marks (True) when the trainer adds a prompt LM loss. A sample
+    merged from several turns (`merge_prefix_turns`) lists every response's `[start, end)`
+    in `spans`; those tokens carry the loss, the rest of the sample is their prompt."""
 
     input_ids: list[int]
     n_prompt: int
     prompt_lm: tuple[bool, ...] | None = None
+    spans: tuple[tuple[int, int], ...] | None = None
+
+    def loss_spans(self) -> tuple[tuple[int, int], ...]:
+        return self.spans if self.spans is not None else ((self.n_prompt, len(self.input_ids)),)
 
 
 _INFO_RE = re.compile(r"<information>.*?(</information>|$)", re.S)
@@ -176,6 +182,40 @@ def tokenize_samples(
     return out
 
 
+def merge_prefix_turns(samples: Sequence[TokenizedSample], max_tokens: int | None = None) -> list[TokenizedSample]:
+    """Merge runs of consecutive samples in which each sample's ids (prompt + response + eos)
+    are a prefix of the next one's prompt: the turns of one full-history (Search-R1 style)
+    episode. The merged sample is the last turn's ids with every turn's response as a loss
+    span. Causal attention gives each response token exactly the logits it has in its own
+    sample, so the loss per response token is unchanged, and an episode of T turns costs one
+    forward pass over its final length instead of T passes over growing prefixes. The check
+    is on token ids: a turn whose prompt was re-tokenised differently or cut to `max_tokens`
+    starts a new sample. Memory-context turns never extend each other (the memory replaces
+    the history), so they come back as they are.
+    """
+    out: list[TokenizedSample] = []
+    run: list[TokenizedSample] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        last = run[-1]
+        spans = tuple(sp for smp in run for sp in smp.loss_spans())
+        out.append(last if len(run) == 1 else TokenizedSample(last.input_ids, last.n_prompt, last.prompt_lm, spans))
+        run.clear()
+
+    for smp in samples:
+        prev = run[-1] if run else None
+        extends = (prev is not None and len(smp.input_ids) > len(prev.input_ids)
+                   and smp.input_ids[:len(prev.input_ids)] == prev.input_ids
+                   and (max_tokens is None or len(smp.input_ids) <= max_tokens))
+        if not extends:
+            flush()
+        run.append(smp)
+    flush()
+    return out
+
+
 def collate(batch: Sequence[TokenizedSample], pad_id: int, prompt_weight: float = 0.0) -> dict[str, Any]:
     """Right-pad a batch. Returns input_ids, attention_mask, labels: LongTensor [B, T], and
     loss_weights: FloatTensor [B, T] (1 on response tokens, `prompt_weight` on the prompt
@@ -191,10 +231,11 @@ def collate(batch: Sequence[TokenizedSample], pad_id: int, prompt_weight: float 
         n = len(s.input_ids)
         ids[r, :n] = torch.tensor(s.input_ids)
         att[r, :n] = 1
-        labels[r, s.n_prompt:n] = ids[r, s.n_prompt:n]
-        weights[r, s.n_prompt:n] = 1.0
         if prompt_weight > 0 and s.prompt_lm is not None:
             weights[r, :s.n_prompt] = prompt_weight * torch.tensor(s.prompt_lm, dtype=torch.float32)
+        for a, b in s.loss_spans():
+            labels[r, a:b] = ids[r, a:b]
+            weights[r, a:b] = 1.0
     return {"input_ids": ids, "attention_mask": att, "labels": labels, "loss_weights": weights}
 
 
@@ -502,8 +543,17 @@ def _run_sft(params: Any) -> dict[str, Any]:
     val_t = tokenize_samples(val_s, tok, p.max_tokens)
     if not train_t:
         raise DataError("no SFT samples left after tokenisation", field="sft.max_tokens")
+    # Full-history turns of an episode share their prefix: one sample per episode, and as
+    # many of them per step as keep the turns per step (and so the steps) of batch_size turns.
+    n_turns = len(train_t)
+    train_t, val_t = merge_prefix_turns(train_t, p.max_tokens), merge_prefix_turns(val_t, p.max_tokens)
+    batch_size = max(1, round(p.batch_size * len(train_t) / n_turns))
+    data_stats["merged_samples"] = len(train_t)
+    if len(train_t) < n_turns:
+        log.info("SFT: %d turns merged into %d prefix-sharing samples; %d samples per step",
+                 n_turns, len(train_t), batch_size)
     lengths = [len(s.input_ids) for s in train_t]
-    steps_per_epoch = math.ceil(len(train_t) / p.batch_size)
+    steps_per_epoch = math.ceil(len(train_t) / batch_size)
     total_steps = p.max_steps or max(1, int(p.epochs * steps_per_epoch))
     log.info("SFT: %d train / %d val samples, %.0f tokens/sample, %d steps on %s",
              len(train_t), len(val_t), sum(lengths) / len(lengths), total_steps, device)
@@ -527,7 +577,7 @@ def _run_sft(params: Any) -> dict[str, Any]:
     while state.step < total_steps:
         epoch, pos = divmod(state.step, steps_per_epoch)
         if epoch not in epoch_batches:
-            epoch_batches = {epoch: length_bucketed_batches(lengths, p.batch_size, p.seed, epoch)}
+            epoch_batches = {epoch: length_bucketed_batches(lengths, batch_size, p.seed, epoch)}
         batch = collate([train_t[i] for i in epoch_batches[epoch][pos]], pad_id, p.prompt_loss_weight)
         t0 = time.perf_counter()
         loss_sum, n_tok = token_loss(model, batch, device)
@@ -546,7 +596,7 @@ def _run_sft(params: Any) -> dict[str, Any]:
             "tokens_per_s": step_tokens / max(time.perf_counter() - t0, 1e-9),
         }
         if state.step % p.eval_every == 0 or state.step == total_steps:
-            row["val_loss"] = evaluate_loss(model, val_t, p.batch_size, pad_id, device)
+            row["val_loss"] = evaluate_loss(model, val_t, batch_size, pad_id, device)
         state.history.append(row)
         log_metrics({k: v for k, v in row.items() if k != "step"}, step=state.step, prefix="sft")
         bar.update(1)
@@ -560,7 +610,7 @@ def _run_sft(params: Any) -> dict[str, Any]:
     elapsed = time.perf_counter() - t_start
     metrics = {
         "steps": state.step,
-        "train_samples": len(train_t),
+        "train_samples": n_turns,
         "val_samples": len(val_t),
         "final_loss": state.history[-1]["loss"] if state.history else float("nan"),
         "final_val_loss": val_losses[-1] if val_losses else float("nan"),
