@@ -4,12 +4,13 @@ the registry version's tags. The full tables stay in `outputs/eval/metrics.json`
 
     from mempo.headline import headline_metrics
     headline_metrics(read_metrics_file("outputs/eval/metrics.json"), train_metrics)
-    # {"em.world": 0.375, "em.world-k2": 0.125, ..., "em.gain": 0.18,
-    #  "tokens.memory": 412.0, "tokens.full_context": 2310.5, "train.reward": 0.31, "train.kl": 0.012}
+    # {"em.world": 0.375, "em.k2": 0.125, ..., "em.gain": 0.18,
+    #  "tok.memory": 412.0, "tok.full": 2310.5, "reward": 0.31, "kl": 0.012}
 
 The register stage writes them to `outputs/register/headline.json` (the only file DVC
 declares as `metrics`), so `dvc metrics show` prints one row of about ten columns and `dvc exp show`
-one column per number.
+one column per number. Keys are short so that row fits a terminal: the default run's nine
+numbers print in about 120 columns (they took 164 as `em.world-k2`, `tokens.full_context`, ...).
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from typing import Any
 from mempo.evaluation.metrics import round_metric, split_key
 
 _K = re.compile(r"-k(\d+)$")
+_SHORT_AGENT = {"full_context": "full", "external_memory": "ext"}
+
+
+def _short_bench(benchmark: str) -> str:
+    """`world-k2` -> `k2` (the world's composed tasks); other names as they are."""
+    return benchmark.removeprefix("world-") if _K.search(benchmark) and benchmark.startswith("world-") else benchmark
 
 
 def _k_of(benchmark: str) -> int:
@@ -50,12 +57,13 @@ def headline_metrics(
         compare_agent: the agent whose peak prompt length is shown beside `agent`'s.
 
     Keys:
-        `em.<benchmark>`: `agent`'s exact match on each benchmark it ran.
+        `em.<benchmark>`: `agent`'s exact match on each benchmark it ran (`em.k2` for `world-k2`).
         `em.gain`: `agent`'s mean EM over those benchmarks minus the best other agent's mean
             EM over the same benchmarks (the strongest baseline; > 0: MemPO wins).
-        `tokens.<agent>`, `tokens.<compare_agent>`: mean peak prompt tokens per episode on
-            the benchmark with the most objectives per task (the largest k).
-        `train.reward`, `train.kl`: mean outcome reward and KL to the start policy over the
+        `tok.<agent>`, `tok.<compare_agent>`: mean peak prompt tokens per episode on the
+            benchmark with the most objectives per task (the largest k); `full_context` is
+            `tok.full`, `external_memory` `tok.ext`.
+        `reward`, `kl`: the train stage's mean outcome reward and KL to the start policy over the
             last quarter of the training steps.
     """
     table: dict[str, dict[str, dict[str, float]]] = {}
@@ -72,7 +80,7 @@ def headline_metrics(
     mine = table.get(agent, {})
     benches = sorted((b for b in mine if "em" in mine[b]), key=lambda b: (_K.sub("", b), _k_of(b)))
     for bench in benches:
-        out[f"em.{bench}"] = mine[bench]["em"]
+        out[f"em.{_short_bench(bench)}"] = mine[bench]["em"]
     own = _mean([mine[b]["em"] for b in benches])
     # Baselines count only where they ran every benchmark the agent ran (same questions).
     baselines = [
@@ -87,8 +95,8 @@ def headline_metrics(
         for a in dict.fromkeys((agent, compare_agent)):
             v = table.get(a, {}).get(largest, {}).get("peak_prompt_tokens")
             if v is not None:
-                out[f"tokens.{a}"] = v
-    for key, src in (("train.reward", "final_reward_mean"), ("train.kl", "final_kl")):
+                out[f"tok.{_SHORT_AGENT.get(a, a)}"] = v
+    for key, src in (("reward", "final_reward_mean"), ("kl", "final_kl")):
         v = (train_metrics or {}).get(src)
         if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
             out[key] = float(v)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from mempo.headline import headline_metrics
 
 EVAL = {
@@ -22,16 +24,40 @@ def test_headline_worked_example() -> None:
                                 "mlflow_run_id": "abc"})
     # memory mean EM = (0.5 + 0.25 + 0) / 3 = 0.25; full_context 0.2, rag 0.1667: best baseline 0.2
     assert h == {
-        "em.world": 0.5, "em.world-k2": 0.25, "em.world-k8": 0.0,
+        "em.world": 0.5, "em.k2": 0.25, "em.k8": 0.0,
         "em.gain": 0.05,
-        "tokens.memory": 410.5, "tokens.full_context": 2310.0,  # at the largest k (8)
-        "train.reward": 0.3125, "train.kl": 0.0123,
+        "tok.memory": 410.5, "tok.full": 2310.0,  # at the largest k (8)
+        "reward": 0.3125, "kl": 0.0123,
     }
-    assert list(h)[:3] == ["em.world", "em.world-k2", "em.world-k8"]  # benchmarks in k order
+    assert list(h)[:3] == ["em.world", "em.k2", "em.k8"]  # benchmarks in k order
 
 
 def test_missing_sources_leave_keys_out_never_nan() -> None:
     only_memory = {k: v for k, v in EVAL.items() if k.startswith("memory/")}
     h = headline_metrics({**only_memory, "memory/world-k2/em": float("nan")}, None)
-    assert h == {"em.world": 0.5, "em.world-k8": 0.0, "tokens.memory": 410.5}
+    assert h == {"em.world": 0.5, "em.k8": 0.0, "tok.memory": 410.5}
     assert headline_metrics({}, {"final_kl": float("inf")}) == {}
+
+
+def test_the_default_runs_headline_fits_a_terminal_in_dvc_metrics_show(tmp_path: Path) -> None:
+    """Real DVC on the default run's shape (5 agents x world, k2, k4, k8): one row, <= 125 columns."""
+    import json
+    import subprocess
+    import sys
+
+    dvc = Path(sys.executable).parent / "dvc"
+    agents = ["memory", "full_context", "external_memory", "rag", "direct"]
+    table = {f"{a}/{b}/{m}": v for a in agents for b in ("world", "world-k2", "world-k4", "world-k8")
+             for m, v in (("em", 0.123), ("peak_prompt_tokens", 3744.25))}
+    h = headline_metrics(table, {"final_reward_mean": 0.151, "final_kl": 0.00123})
+    assert len(h) == 9
+    out = tmp_path / "outputs" / "register" / "headline.json"
+    out.parent.mkdir(parents=True)
+    out.write_text(json.dumps(h))
+    (tmp_path / "dvc.yaml").write_text("metrics:\n  - outputs/register/headline.json\n")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([str(dvc), "init", "-q"], cwd=tmp_path, check=True)
+    shown = subprocess.run([str(dvc), "metrics", "show"], cwd=tmp_path, check=True, capture_output=True,
+                           text=True).stdout.rstrip().splitlines()
+    assert len(shown) == 2 and shown[1].startswith("outputs/register/headline.json"), shown
+    assert max(len(line) for line in shown) <= 125, shown

@@ -126,7 +126,7 @@ def test_a_fresh_clone_run_leaves_dvc_and_git_clean(tiny_project: dict) -> None:
     shown = _run([str(BIN / "dvc"), "metrics", "show"], root).stdout.strip().splitlines()
     assert len(shown) == 2 and shown[1].startswith("outputs/register/headline.json"), shown
     headline = json.loads((root / "outputs" / "register" / "headline.json").read_text())
-    assert set(headline) == {"em.world", "tokens.memory", "train.reward", "train.kl"}
+    assert set(headline) == {"em.world", "tok.memory", "reward", "kl"}
     assert headline["em.world"] == json.loads((root / "outputs" / "eval" / "metrics.json").read_text())[
         "memory/world/em"]
 
@@ -198,7 +198,7 @@ def test_ablations_run_as_dvc_experiments_and_compare_in_dvc_exp_show(tiny_proje
     assert set(found) == {"mempo", "no-mem-adv"}, json.dumps(exps)[:3000]
     assert found["no-mem-adv"][0] == 0 and found["mempo"][0] == 1.0
     assert {f[1] for f in found.values()} == {"tiny"}
-    assert all("em.world" in f[2] and "train.kl" in f[2] for f in found.values())
+    assert all("em.world" in f[2] and "kl" in f[2] for f in found.values())
     # Their runs went to the project's store, their models to the ablation model, not the production one.
     client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     assert client.get_experiment_by_name("mempo-ablations") is not None

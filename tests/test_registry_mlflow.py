@@ -90,8 +90,8 @@ def test_register_logs_a_logged_model_with_its_evidence_and_few_tags(mlflow_uri:
     assert version_metrics(v) == {f"memory/{b}/{m}": full[f"memory/{b}/{m}"] if m != "n" else N
                                   for b in ("world", "world-k2", "world-k4", "world-k8") for m in ("em", "f1", "n")}
     assert v.tags["eval_set.world"].startswith(f"n={N} sha256=")
-    assert v.tags["headline.em.world"] == "0.4" and v.tags["headline.train.kl"] == "0.02"
-    assert json.loads((tmp_path / "headline.json").read_text())["tokens.full_context"] == 2000.0
+    assert v.tags["headline.em.world"] == "0.4" and v.tags["headline.kl"] == "0.02"
+    assert json.loads((tmp_path / "headline.json").read_text())["tok.full"] == 2000.0
     assert v.tags["source_run_id"] == train_run.info.run_id and v.run_id == train_run.info.run_id
     assert len(v.tags["data.qa.sha256"]) == 64
     assert json.loads(out.read_text())["model_uri"] == "models:/agent/1"
