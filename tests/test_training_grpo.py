@@ -22,6 +22,44 @@ GRPO_KEYS = [
 ]
 
 
+def test_merged_full_history_turn_records_give_the_same_policy_gradient(setup: dict[str, Path]) -> None:
+    import random
+
+    import torch
+
+    from mempo.config import load_params
+    from mempo.training.grpo import TurnSample, merge_turn_samples, update_policy
+    from mempo.training.runtime import load_policy
+    from mempo.training.sft import load_sft_samples, tokenize_samples
+
+    model, tok = load_policy(setup["sft"] / "model", "cpu", "float32")
+    turns = tokenize_samples(load_sft_samples(setup["sft"] / "trajectories" / "train_episodes.jsonl", "full")[:40],
+                             tok)
+    rng = random.Random(0)
+    records, episode = [], -1
+    for t in turns:
+        episode += t.n_prompt < (len(records[-1].prompt_ids) + 1 if records else 10**9)  # a new question
+        records.append(TurnSample(episode, t.input_ids[:t.n_prompt], t.input_ids[t.n_prompt:],
+                                  [rng.uniform(-1, 1) for _ in t.input_ids[t.n_prompt:]], 0.01))
+    merged = merge_turn_samples(records)
+    assert len(merged) < len(records) // 2
+    assert sum(sum(m.loss_mask or [1.0] * len(m.response_ids)) for m in merged) == sum(
+        len(r.response_ids) for r in records)
+    tp = load_params(None, {}).train
+
+    def grads(samples: list) -> tuple[dict[str, float], list]:
+        model.zero_grad()
+        stats = update_policy(model, torch.optim.SGD(model.parameters(), lr=0.0), samples, tok.pad_token_id, tp,
+                              1.0, "cpu")
+        return stats, [p.grad.clone() for p in model.parameters()]
+
+    s1, g1 = grads(records)
+    s2, g2 = grads(merged)
+    assert abs(s1["loss"] - s2["loss"]) < 1e-5 and abs(s1["entropy"] - s2["entropy"]) < 1e-4
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g1, g2, strict=True))
+    assert any(float(a.abs().sum()) > 0 for a in g1)
+
+
 def test_full_history_turns_merge_into_one_sample_with_the_same_loss_per_response_token(
     setup: dict[str, Path]
 ) -> None:

@@ -52,6 +52,9 @@ class TurnSample:
         advantages: per response token, [n].
         weight: loss weight of each of its tokens (1 / (episodes x tokens of its episode)).
         old_logp, ref_logp: per response token, [n] (filled before the update).
+        loss_mask: per response token, [n]: 1 where the token is the policy's, 0 on the
+            observations between the turns of a merged record (`merge_turn_samples`);
+            None = all 1.
     """
 
     episode: int
@@ -61,6 +64,11 @@ class TurnSample:
     weight: float
     old_logp: list[float] | None = None
     ref_logp: list[float] | None = None
+    loss_mask: list[float] | None = None
+
+    def token_weights(self, scale: float = 1.0) -> list[float]:
+        w = self.weight * scale
+        return [w * m for m in self.loss_mask] if self.loss_mask is not None else [w] * len(self.response_ids)
 
 
 def task_order(n_tasks: int, seed: int, epoch: int) -> list[int]:
@@ -145,6 +153,51 @@ def build_turn_samples(
     return samples, {"A_T": a_t, "A_M": a_m, "turn_index": rec_turn}
 
 
+def merge_turn_samples(samples: Sequence[TurnSample]) -> list[TurnSample]:
+    """Merge consecutive records of one episode whose token ids extend each other (each
+    record's prompt + response is a prefix of the next record's prompt): the turns of a
+    full-history episode. The merged record keeps the first prompt; its "response" is the
+    rest of the last turn's sequence, with the policy's tokens under `loss_mask` 1 and their
+    advantages, and the observations between them masked out. Causal attention gives every
+    policy token the log-prob it has in its own record, so the loss is unchanged and an
+    episode of T turns is one forward pass instead of T over growing prefixes. Memory-context
+    records never extend each other and come back as they are.
+    """
+    out: list[TurnSample] = []
+    run: list[TurnSample] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            first, last = run[0], run[-1]
+            seq = last.prompt_ids + last.response_ids
+            n0 = len(first.prompt_ids)
+            adv = [0.0] * (len(seq) - n0)
+            mask = [0.0] * (len(seq) - n0)
+            for smp in run:
+                a = len(smp.prompt_ids) - n0
+                adv[a:a + len(smp.response_ids)] = smp.advantages
+                mask[a:a + len(smp.response_ids)] = [1.0] * len(smp.response_ids)
+            out.append(TurnSample(first.episode, list(first.prompt_ids), seq[n0:], adv, first.weight,
+                                  loss_mask=mask))
+        run.clear()
+
+    for smp in samples:
+        prev = run[-1] if run else None
+        if prev is None or not (
+            smp.episode == prev.episode and smp.weight == prev.weight and smp.loss_mask is None
+            and len(smp.prompt_ids) >= len(prev.prompt_ids) + len(prev.response_ids)
+            and smp.prompt_ids[:len(prev.prompt_ids)] == prev.prompt_ids
+            and smp.prompt_ids[len(prev.prompt_ids):len(prev.prompt_ids) + len(prev.response_ids)]
+            == prev.response_ids
+        ):
+            flush()
+        run.append(smp)
+    flush()
+    return out
+
+
 def _micro_batches(samples: Sequence[TurnSample], size: int, token_budget: int) -> list[list[int]]:
     """Indices grouped by length (less padding), at most `size` records and about
     `token_budget` padded tokens per micro-batch."""
@@ -209,7 +262,7 @@ def update_policy(
             scale = mb  # each minibatch holds ~1/mb of the total weight
             optimizer.zero_grad(set_to_none=True)
             sums = defaultdict(float)
-            weight_total = sum(samples[i].weight * len(samples[i].response_ids) for i in part) * scale
+            weight_total = sum(sum(samples[i].token_weights()) for i in part) * scale
             for idx_local in _micro_batches([samples[i] for i in part], tp.micro_batch_size, tp.token_budget):
                 idx = [part[i] for i in idx_local]
                 batch = pack_turns([samples[i].prompt_ids for i in idx], [samples[i].response_ids for i in idx],
@@ -217,8 +270,7 @@ def update_policy(
                 L = batch.mask.shape[1]
                 logp, ent = response_logprobs(model, batch, temperature, with_entropy=True)
                 adv = pad_rows([samples[i].advantages for i in idx], L).to(device)
-                w = (pad_rows([[samples[i].weight * scale] * len(samples[i].response_ids) for i in idx], L)
-                     .to(device) * batch.mask)
+                w = pad_rows([samples[i].token_weights(scale) for i in idx], L).to(device) * batch.mask
                 old = (pad_rows([samples[i].old_logp for i in idx], L).to(device)
                        if samples[idx[0]].old_logp is not None else logp.detach())
                 pg, pg_stats = clipped_surrogate(logp, old, adv, w, tp.clip_ratio_low, tp.clip_ratio_high)
@@ -426,6 +478,8 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
             t2 = time.perf_counter()
             # 3. advantages
             samples, adv = build_turn_samples(episodes, groups, rewards, mem_r, tp.lambda_mem, mp)
+            n_records = len(samples)
+            samples = merge_turn_samples(samples)  # full history: one record per episode
             # 4. update
             upd: dict[str, float] = {}
             if samples:
@@ -443,6 +497,8 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
             row: dict[str, float] = {"step": state.step}
             row.update(episode_metrics(episodes, rewards, mp.multi_rule))
             row.update(upd)
+            row["update_records"] = float(len(samples))  # < turn records when full-history turns merged
+            row["turn_records"] = float(n_records)
             row["lr"] = sched.get_last_lr()[0]
             row["adv_T_abs_mean"] = float(adv["A_T"].abs().mean()) if len(adv["A_T"]) else 0.0
             row["groups_with_signal"] = _mean([
