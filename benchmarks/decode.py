@@ -15,7 +15,7 @@ Three levels, each a ratio of the two decoders on identical inputs:
 2. `rollouts`: the GRPO rollout code (`mempo.training.rollouts.lockstep_episodes`, the real
    `ToolEnv` over a BM25 retriever of the small world, params.yaml `agent:`/`train:`), B x n
    = 8 x 4 episodes, same tasks and seed, once per decoder: response tokens/s, wall time.
-3. `eval`: `mempo.evaluation.runner.evaluate_items` on 16 world + 16 world-k2 tasks (params.yaml
+3. `eval`: `mempo.evaluation.agent_runner.evaluate_items` on 16 world + 16 world-k2 tasks (params.yaml
    `eval:` agents and settings), `load_engine(..., decoder="hf" | "fast")`: wall time of each.
 
     PYTHONPATH=. .venv/bin/python benchmarks/decode.py            # default run (~10 min here)
@@ -291,8 +291,10 @@ def time_eval(policy: Path, world: Path, limit: int, benchmarks: list[str], agen
     import dataclasses
 
     from mempo.config import load_params
+    from mempo.evaluation.agent_runner import evaluate_items
     from mempo.evaluation.benchmarks import load_benchmarks
-    from mempo.evaluation.runner import EvalSettings, evaluate_items, load_engine
+    from mempo.evaluation.engine import load_engine
+    from mempo.evaluation.settings import EvalSettings
 
     ep = load_params(None).eval
     settings = dataclasses.replace(EvalSettings.from_params(ep), max_turns=turns_per_objective,

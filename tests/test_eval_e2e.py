@@ -18,8 +18,9 @@ import pytest
 from mempo.config import load_params
 from mempo.errors import ConfigError
 from mempo.evaluation.agents import AGENTS
+from mempo.evaluation.engine import Engine, load_engine
 from mempo.evaluation.report import format_value, parse_report_tables
-from mempo.evaluation.runner import Engine, load_engine, run_eval
+from mempo.evaluation.runner import run_eval
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +216,7 @@ def test_ask_prints_memory_search_titles_and_answer(tiny_world: Path, engine: En
     from mempo.agent.tools import ToolEnv
     from mempo.datasets import load_qa
     from mempo.evaluation.ask import ask, format_episode
-    from mempo.evaluation.runner import EvalSettings
+    from mempo.evaluation.settings import EvalSettings
 
     item = load_qa(tiny_world / "qa" / "test.jsonl")[0]
     # The teacher needs the item's gold chain, which `ask` does not have: run its episode directly.

@@ -137,6 +137,58 @@ def _grpo_overrides(setup: dict[str, Path], out: Path, **extra: object) -> dict[
     return base
 
 
+def test_grpo_validation_runs_the_eval_code_and_matches_greedy_lockstep_episodes(
+        setup: dict[str, Path], tmp_path: Path) -> None:
+    """The periodic validation goes through `mempo eval`'s `run_multi_turn`; per task it
+    gives what GRPO's former evaluator gave: greedy lock-step episodes with the training
+    rollout's tools and limits, scored with `mempo.rewards`."""
+    import dataclasses
+
+    from mempo.agent.generation import make_generator
+    from mempo.config import load_params
+    from mempo.evaluation.agent_runner import run_multi_turn
+    from mempo.evaluation.engine import Engine
+    from mempo.retrieval import open_retriever
+    from mempo.rewards import answer_correctness, token_f1
+    from mempo.tasks import compose_multi_objective
+    from mempo.training.grpo import _load_tasks, evaluate_tasks, make_rollout_setup, val_settings, validate
+    from mempo.training.rollouts import lockstep_episodes
+    from mempo.training.runtime import load_policy
+
+    params = load_params(None, _grpo_overrides(setup, tmp_path / "train", **{"train.max_new_tokens": 64,
+                                                                            "train.max_turns": 4}))
+    agent, tp, rule = params.agent, params.train, params.mempo.multi_rule
+    model, tok = load_policy(setup["sft"] / "model", "cpu", "float32")
+    singles = _load_tasks(setup["data"], "val")
+    tasks = singles[:6] + compose_multi_objective(singles[6:], k=2, n_tasks=2, seed=0)
+    with open_retriever(str(setup["corpus"])) as retriever:
+        model.eval()
+        rows = run_multi_turn("memory", "val", tasks, Engine(make_generator(
+            model, tok, agent.decoder, batch_size=tp.generation_batch_size), tok, retriever), val_settings(agent, tp))
+        summary = validate(model, tok, retriever, tasks, agent, tp)
+        rs = make_rollout_setup(retriever, tok, agent, tp)
+        episodes = lockstep_episodes(tasks, make_generator(model, tok, agent.decoder,
+                                                           batch_size=tp.generation_batch_size),
+                                     dataclasses.replace(rs.sampling, temperature=0.0), rs.env, tok, 1, rs.config,
+                                     context="memory")
+        old = evaluate_tasks(model, tok, tasks, make_rollout_setup(retriever, tok, agent, tp, greedy=True),
+                             tp.generation_batch_size, rule, "memory", agent.decoder)
+    by_id = {r["id"]: r for r in rows}
+    assert [ep.item_id for ep in episodes] == [t.id for t in tasks] == [r["id"] for r in rows]
+    assert {t.metadata.get("k", 1) for t in tasks} == {1, 2}
+    for ep in episodes:
+        r = by_id[ep.item_id]
+        assert r["prediction"] == (ep.final_answer or "")
+        assert r["em"] == answer_correctness(ep.final_answer, ep.golden_answers, ep.objectives, rule)
+        assert r["f1"] == token_f1(ep.final_answer, ep.golden_answers)
+        assert (r["format_valid"], r["turns"]) == (float(ep.format_valid), ep.num_turns)
+        assert r["prompt_tokens_by_turn"] == list(ep.prompt_tokens)
+    assert any(r["turns"] > 1 for r in rows)  # episodes long enough for the two loops to diverge
+    assert summary == pytest.approx({m: sum(float(r[m]) for r in rows) / len(rows)
+                                     for m in ("em", "f1", "format_valid", "turns")})
+    assert summary == pytest.approx({m: old[m] for m in summary})
+
+
 def test_sft_trains_on_assistant_tokens_and_saves_an_hf_folder(setup: dict[str, Path]) -> None:
     import json
 

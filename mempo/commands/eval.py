@@ -86,8 +86,9 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _ask(args: argparse.Namespace) -> int:
     from mempo.evaluation.ask import ask, format_episode
+    from mempo.evaluation.engine import load_engine
     from mempo.evaluation.model_ref import resolved_model
-    from mempo.evaluation.runner import EvalSettings, load_engine
+    from mempo.evaluation.settings import EvalSettings
 
     params = params_from(args, {
         "eval.model": args.model, "eval.retriever": _retriever_flag(args.retriever), "eval.backend": args.backend,

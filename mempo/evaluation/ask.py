@@ -21,7 +21,8 @@ from typing import Any
 
 from mempo.datasets import QAItem
 from mempo.evaluation.agents import observation_titles
-from mempo.evaluation.runner import Engine, EvalSettings, sampling_params
+from mempo.evaluation.engine import Engine
+from mempo.evaluation.settings import EvalSettings, sampling_params
 
 
 def ask(
@@ -37,14 +38,13 @@ def ask(
     Returns the core `mempo.agent.rollout.Episode` (turn records, final answer, limits hit).
     """
     from mempo.agent.rollout import GeneratorPolicy, arun_episodes
-    from mempo.agent.tools import ToolConfig, ToolEnv
+    from mempo.agent.tools import ToolEnv
 
     if engine.retriever is None:
         raise ValueError("ask needs a retriever")
     item = QAItem(id="ask", question=question, golden_answers=list(gold or []))
     policy = engine.turn_policy or GeneratorPolicy(engine.generator, sampling_params(settings), max_batch=1)
-    env = ToolEnv(engine.retriever, engine.tokenizer,
-                  ToolConfig(topk=settings.topk, observation_max_tokens=settings.max_obs_tokens))
+    env = ToolEnv(engine.retriever, engine.tokenizer, settings.tool_config())
     config = dataclasses.replace(settings.rollout_config(), max_concurrent_episodes=1)
     episodes = asyncio.run(arun_episodes(
         [item], policy, env, engine.tokenizer, context="full" if full_context else "memory",

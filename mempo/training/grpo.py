@@ -367,6 +367,39 @@ def evaluate_tasks(model: Any, tokenizer: Any, tasks: Sequence[Any], setup: Roll
     return episode_metrics(eps, rewards, multi_rule)
 
 
+# The eval agent that runs in each training context.
+AGENT_OF_CONTEXT = {"memory": "memory", "full": "full_context"}
+
+
+def val_settings(agent: Any, tp: Any) -> Any:
+    """The evaluation settings of the periodic validation: the training rollout's tools and
+    turn limits (`agent:`, `train.max_turns` / `train.max_new_tokens`), greedy, no probe."""
+    from mempo.evaluation.settings import EvalSettings
+
+    return EvalSettings(
+        concurrency=tp.generation_batch_size, max_prompt_tokens=agent.max_prompt_tokens,
+        max_turns=agent.turns_per_objective, max_turns_cap=tp.max_turns or agent.max_turns, topk=agent.topk,
+        max_new_tokens=tp.max_new_tokens or agent.max_new_tokens, max_obs_tokens=agent.observation_max_tokens,
+        temperature=0.0, memory_probe=False, access_chunk_chars=agent.access_chunk_chars,
+        short_text_chars=agent.short_text_chars, check_masks=agent.check_masks)
+
+
+def validate(model: Any, tokenizer: Any, retriever: Any, tasks: Sequence[Any], agent: Any,
+             tp: Any) -> dict[str, float]:
+    """Greedy episodes of the training agent on `tasks` (QAItems) through `mempo eval`'s own
+    code (`mempo.evaluation.agent_runner.run_multi_turn`): mean em, f1, format_valid, turns
+    of its sample rows."""
+    from mempo.agent.generation import make_generator
+    from mempo.evaluation.agent_runner import run_multi_turn
+    from mempo.evaluation.engine import Engine
+
+    model.eval()
+    engine = Engine(make_generator(model, tokenizer, agent.decoder, batch_size=tp.generation_batch_size),
+                    tokenizer, retriever)
+    rows = run_multi_turn(AGENT_OF_CONTEXT[agent.context], "val", list(tasks), engine, val_settings(agent, tp))
+    return {m: _mean([float(r[m]) for r in rows]) for m in ("em", "f1", "format_valid", "turns")}
+
+
 def run_grpo(params: Any, tracking: bool = True) -> dict[str, Any]:
     """Run the local GRPO + memory-advantage trainer. `params` is the whole
     `mempo.config.Params` (reads `train`, `agent`, `mempo`). Returns the final metrics."""
