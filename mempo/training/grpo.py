@@ -337,7 +337,7 @@ class RolloutSetup:
     config: Any
 
 
-def make_rollout_setup(retriever: Any, tokenizer: Any, agent: Any, tp: Any, greedy: bool = False) -> RolloutSetup:
+def make_rollout_setup(retriever: Any, tokenizer: Any, agent: Any, tp: Any) -> RolloutSetup:
     """Tool env, sampling params and rollout config from `agent:` and `train:` params."""
     from mempo.agent.generation import SamplingParams
     from mempo.agent.rollout import RolloutConfig
@@ -348,23 +348,10 @@ def make_rollout_setup(retriever: Any, tokenizer: Any, agent: Any, tp: Any, gree
         access_chunk_chars=agent.access_chunk_chars, short_text_chars=agent.short_text_chars))
     sampling = SamplingParams(
         max_new_tokens=tp.max_new_tokens or agent.max_new_tokens,
-        temperature=0.0 if greedy else agent.temperature, top_p=agent.top_p, seed=None, logprobs=False)
+        temperature=agent.temperature, top_p=agent.top_p, seed=None, logprobs=False)
     config = RolloutConfig(max_turns=tp.max_turns or agent.max_turns, max_prompt_tokens=agent.max_prompt_tokens,
                            check_masks=agent.check_masks, turns_per_objective=agent.turns_per_objective)
     return RolloutSetup(env, sampling, config)
-
-
-def evaluate_tasks(model: Any, tokenizer: Any, tasks: Sequence[Any], setup: RolloutSetup,
-                   gen_batch: int, multi_rule: str, context: str = "memory", decoder: str = "fast") -> dict[str, float]:
-    """Greedy episodes on `tasks` (QAItems) in `context`; outcome metrics (see `episode_metrics`)."""
-    from mempo.agent.generation import make_generator
-    from mempo.training.rollouts import lockstep_episodes
-
-    model.eval()
-    eps = lockstep_episodes(list(tasks), make_generator(model, tokenizer, decoder, batch_size=gen_batch),
-                            setup.sampling, setup.env, tokenizer, 1, setup.config, context=context)  # type: ignore[arg-type]
-    rewards = [ep.outcome_reward(multi_rule=multi_rule) for ep in eps]
-    return episode_metrics(eps, rewards, multi_rule)
 
 
 # The eval agent that runs in each training context.
@@ -479,7 +466,6 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
 
     with open_retriever(tp.retriever) as retriever:
         setup = make_rollout_setup(retriever, tok, agent, tp)
-        val_setup = make_rollout_setup(retriever, tok, agent, tp, greedy=True)
         generator = make_generator(model, tok, agent.decoder, batch_size=tp.generation_batch_size)
         bar = tqdm(total=tp.steps, initial=state.step, desc=f"grpo (lambda_mem={tp.lambda_mem})", unit="step")
         while state.step < tp.steps:
@@ -548,9 +534,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
                         "time_step": t3 - t0})
             row["mem_scoring_share"] = row["time_mem_scoring"] / max(row["time_step"], 1e-9)
             if tp.val_every and val_tasks and (state.step % tp.val_every == 0 or state.step == tp.steps):
-                vm = evaluate_tasks(model, tok, val_tasks, val_setup, tp.generation_batch_size, mp.multi_rule,
-                                    agent.context, agent.decoder)
-                row.update({f"val_{k}": v for k, v in vm.items() if k in ("em", "f1", "format_valid", "turns")})
+                row.update({f"val_{k}": v for k, v in validate(model, tok, retriever, val_tasks, agent, tp).items()})
             state.history.append(row)
             log_metrics({k: v for k, v in row.items() if k != "step"}, step=state.step, prefix="train")
             bar.update(1)
