@@ -139,22 +139,14 @@ def prepare_inputs(a: argparse.Namespace) -> dict[str, Path]:
 
 
 def _teacher_episodes(world: Path, corpus: Path, policy: Path, out: Path) -> None:
-    from mempo.io import write_jsonl
     from mempo.retrieval import open_retriever
     from mempo.training.runtime import load_policy
-    from mempo.training.sft import name_word_pool, sft_tasks, teacher_episodes
+    from mempo.training.sft_data import teacher_records, write_episode_records
 
-    p = _params({})
-    s = p.sft
     _, tok = load_policy(policy, "cpu")
     with open_retriever(str(corpus)) as retriever:
-        pool = name_word_pool(corpus) if s.rename_entities > 0 else None
-        train = sft_tasks(world, "train", s.part or None, s.max_questions, s.multi_k, s.multi_tasks, s.seed)
-        val = sft_tasks(world, "val", None, s.val_questions, s.val_multi_k, s.val_multi_tasks, s.seed)
-        tr, stats = teacher_episodes(train, retriever, tok, p.agent, p.mempo.multi_rule, s.rename_entities, s.seed, pool)
-        va, _ = teacher_episodes(val, retriever, tok, p.agent, p.mempo.multi_rule)
-    write_jsonl(out / "val_episodes.jsonl", (r.to_dict() for r in va))
-    write_jsonl(out / "train_episodes.jsonl", (r.to_dict() for r in tr))
+        tr, va, stats = teacher_records(_params({"sft.world": str(world)}), tok, retriever)
+    write_episode_records(out, tr, va)
     print(f"teacher: {stats['correct']}/{stats['episodes']} episodes correct", flush=True)
 
 

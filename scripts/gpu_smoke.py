@@ -264,11 +264,10 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
         collate,
         make_optimizer,
         render_episode,
-        sft_tasks,
-        teacher_episodes,
         token_loss,
         tokenize_samples,
     )
+    from mempo.training.sft_data import sft_tasks, teacher_episodes
 
     tasks = sft_tasks(work / "world", "train", None, 32 if quick else 128, [], 0, 0)
     records, teacher = teacher_episodes(tasks, retriever, tok, agent, mp.multi_rule)

@@ -361,7 +361,8 @@ def test_rename_entities_replaces_chain_names_consistently_and_keeps_generic_wor
     import random
 
     from mempo.datasets import QAItem
-    from mempo.training.sft import SFTSample, rename_entities
+    from mempo.training.sft import SFTSample
+    from mempo.training.sft_data import rename_entities
 
     chain = [{"entity": "Kuvshil Brailteix", "relation": "works_for", "value": "Khailkheind Textiles", "doc_id": "1"},
              {"entity": "Khailkheind Textiles", "relation": "founded_by", "value": "Gian Gourlio", "doc_id": "2"}]
@@ -394,7 +395,7 @@ def test_rename_entities_replaces_chain_names_consistently_and_keeps_generic_wor
 
 def test_name_word_pool_is_the_made_up_words_of_corpus_titles(tiny_world: Path) -> None:
     from mempo.datasets import iter_corpus
-    from mempo.training.sft import name_word_pool
+    from mempo.training.sft_data import name_word_pool
 
     pool = name_word_pool(tiny_world / "corpus.jsonl")
     titles = " ".join(p.title for p in iter_corpus(tiny_world / "corpus.jsonl"))

@@ -70,7 +70,7 @@ class NameFactory:
 
 
 # Words of entity names that are ordinary vocabulary ("Textiles", "The Golden Tower"), not
-# made-up names: renaming (mempo.training.sft.rename_entities) leaves them alone.
+# made-up names: renaming (mempo.training.sft_data.rename_entities) leaves them alone.
 GENERIC_NAME_WORDS: frozenset[str] = frozenset(_COMPANY_KINDS + _BOOK_NOUNS + _BOOK_ADJS + ["The", "of"])
 
 
