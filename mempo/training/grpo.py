@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from mempo.errors import ConfigError, DataError
-from mempo.io import write_json, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -390,15 +389,13 @@ def validate(model: Any, tokenizer: Any, retriever: Any, tasks: Sequence[Any], a
 def run_grpo(params: Any, tracking: bool = True) -> dict[str, Any]:
     """Run the local GRPO + memory-advantage trainer. `params` is the whole
     `mempo.config.Params` (reads `train`, `agent`, `mempo`). Returns the final metrics."""
-    from mempo.tracking import stage_run
+    from mempo.training.stage import tracked
 
     tp = params.train
-    if not tracking:
-        return _run_grpo(params)
-    with stage_run("train", params={"train": tp.model_dump(), "agent": params.agent.model_dump(),
-                                    "mempo": params.mempo.model_dump()},
-                   data={"policy": tp.policy, "train_data": str(Path(tp.data) / "train.parquet")}):
-        return _run_grpo(params)
+    return tracked("train", tracking, lambda: _run_grpo(params),
+                   params={"train": tp.model_dump(), "agent": params.agent.model_dump(),
+                           "mempo": params.mempo.model_dump()},
+                   data={"policy": tp.policy, "train_data": str(Path(tp.data) / "train.parquet")})
 
 
 def _load_tasks(data: str | Path, split: str, limit: int | None = None) -> list[Any]:
@@ -421,27 +418,16 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     from mempo.advantage import MemoryTurn, memory_reward
     from mempo.agent.generation import make_generator
     from mempo.retrieval import open_retriever
-    from mempo.tracking import active_run_id, log_file, log_json, log_metrics, log_plot
-    from mempo.training.checkpoint import (
-        HASH_CACHE_FILE,
-        TrainerState,
-        resume_training,
-        retire_checkpoints,
-        run_fingerprint,
-        save_checkpoint,
-    )
-    from mempo.training.plots import plot_curves
+    from mempo.tracking import active_run_id, log_metrics
     from mempo.training.rollouts import lockstep_episodes
-    from mempo.training.runtime import load_policy, resolve_device, save_policy, seed_everything
+    from mempo.training.stage import CurvePlot, TrainingStage
 
     tp, agent, mp = params.train, params.agent, params.mempo
     if agent.context == "full" and tp.lambda_mem != 0:
         raise ConfigError("the full-history agent writes no memory its context depends on: train it with "
                           "lambda_mem 0 (plain GRPO, Search-R1 style)", field="train.lambda_mem")
-    out = Path(tp.out)
-    seed_everything(tp.seed, deterministic=True, threads=tp.threads or None)
-    device = resolve_device(tp.device)
-    model, tok = load_policy(tp.policy, device, tp.dtype)
+    stage = TrainingStage.start(tp.out, tp.policy, seed=tp.seed, threads=tp.threads, device=tp.device, dtype=tp.dtype)
+    model, tok, device = stage.model, stage.tokenizer, stage.device
     ref_model = None
     if tp.kl_coef > 0:
         ref_model = copy.deepcopy(model).eval()
@@ -452,14 +438,10 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     # RL uses a constant LR after a linear warmup (as verl's default actor optimiser).
     opt = torch.optim.AdamW(model.parameters(), lr=tp.lr, weight_decay=tp.weight_decay, betas=(0.9, 0.999))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(tp.warmup_steps, 1)))
-    ckpt_root = out / "checkpoints"
     # The run's identity: params plus the contents of what it reads (a changed start policy,
     # data or index is a different run, whose old checkpoints must not be continued).
-    fingerprint = run_fingerprint({"train": tp.model_dump(), "agent": agent.model_dump(), "mempo": mp.model_dump()},
-                                  {"policy": tp.policy, "data": tp.data, "retriever": tp.retriever},
-                                  ckpt_root / HASH_CACHE_FILE)
-    state = resume_training(tp.resume, ckpt_root, fingerprint, model, opt, sched) \
-        or TrainerState(extra={"fingerprint": fingerprint})
+    state = stage.resume(tp.resume, {"train": tp.model_dump(), "agent": agent.model_dump(), "mempo": mp.model_dump()},
+                         {"policy": tp.policy, "data": tp.data, "retriever": tp.retriever}, opt, sched)
     pad_id = tok.pad_token_id
     temperature = agent.temperature if agent.temperature > 0 else 1.0
     t_run = time.perf_counter()
@@ -548,7 +530,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
                      row["time_update"])
             if state.step % tp.checkpoint_every == 0 and state.step < tp.steps:
                 state.data_position = {"next_step": state.step, "tasks_seen": state.step * tp.batch_questions}
-                save_checkpoint(ckpt_root, model, opt, sched, state, keep_last=tp.keep_checkpoints)
+                stage.checkpoint(opt, sched, state, tp.keep_checkpoints)
         bar.close()
 
     hist = state.history
@@ -573,19 +555,11 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     if vals:
         metrics["val_em"] = vals[-1]["val_em"]
         metrics["val_f1"] = vals[-1]["val_f1"]
-    save_policy(model, tok, out / "model", {"kind": "grpo", "base": str(tp.policy), "steps": state.step,
-                                            "lambda_mem": tp.lambda_mem, "context": agent.context})
-    write_json(out / "metrics.json", metrics)
-    write_jsonl(out / "history.jsonl", hist)
-    plots = out / "plots"
-    plot_curves(hist, ["reward_mean", "em", "format_valid"] + (["val_em"] if vals else []),
-                plots / "train_reward.png", title=f"GRPO (lambda_mem={tp.lambda_mem})")
-    plot_curves(hist, ["kl", "entropy", "clip_frac"], plots / "train_policy.png", title="policy statistics")
-    plot_curves(hist, ["time_rollout", "time_mem_scoring", "time_update"], plots / "train_time.png",
-                title="step time (s)")
-    log_metrics(metrics, prefix="train_final")
-    log_json(out / "metrics.json")
-    log_plot(plots)
-    log_file(out / "model", artifact_path="model")
-    retire_checkpoints(ckpt_root)  # the final model is saved: this run is never resumed again
+    stage.finish({"kind": "grpo", "base": str(tp.policy), "steps": state.step, "lambda_mem": tp.lambda_mem,
+                  "context": agent.context}, metrics, hist, [
+        CurvePlot(["reward_mean", "em", "format_valid"] + (["val_em"] if vals else []), "train_reward.png",
+                  f"GRPO (lambda_mem={tp.lambda_mem})"),
+        CurvePlot(["kl", "entropy", "clip_frac"], "train_policy.png", "policy statistics"),
+        CurvePlot(["time_rollout", "time_mem_scoring", "time_update"], "train_time.png", "step time (s)"),
+    ], "train_final")
     return metrics

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from mempo.errors import DataError
-from mempo.io import iter_jsonl, write_json, write_jsonl
+from mempo.io import iter_jsonl, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -342,40 +342,25 @@ def run_sft(params: Any, tracking: bool = True) -> dict[str, Any]:
     loss every `eval_every` steps -> `OUT/model` (HF folder), logged to MLflow with the
     metrics and curves. An exception ends the MLflow run FAILED.
     """
-    from mempo.tracking import stage_run
+    from mempo.training.stage import tracked
 
     p = params.sft
-    if not tracking:
-        return _run_sft(params)
     data = {"trajectories": p.trajectories} if p.trajectories else {"world_qa": str(Path(p.world) / "qa")}
-    with stage_run("sft", params=p, data={"policy": p.policy, **data}):
-        return _run_sft(params)
+    return tracked("sft", tracking, lambda: _run_sft(params), params=p, data={"policy": p.policy, **data})
 
 
 def _run_sft(params: Any) -> dict[str, Any]:
     import torch
     from tqdm import tqdm
 
-    from mempo.tracking import log_file, log_json, log_metrics, log_plot
-    from mempo.training.checkpoint import (
-        HASH_CACHE_FILE,
-        TrainerState,
-        resume_training,
-        retire_checkpoints,
-        run_fingerprint,
-        save_checkpoint,
-    )
-    from mempo.training.plots import plot_curves
-    from mempo.training.runtime import load_policy, resolve_device, save_policy, seed_everything
+    from mempo.tracking import log_metrics
+    from mempo.training.sft_data import sft_samples
+    from mempo.training.stage import CurvePlot, TrainingStage
 
     p = params.sft
-    out = Path(p.out)
-    seed_everything(p.seed, deterministic=True, threads=p.threads or None)
-    device = resolve_device(p.device)
-    model, tok = load_policy(p.policy, device, p.dtype)
+    stage = TrainingStage.start(p.out, p.policy, seed=p.seed, threads=p.threads, device=p.device, dtype=p.dtype)
+    model, tok, device = stage.model, stage.tokenizer, stage.device
     model.train()
-
-    from mempo.training.sft_data import sft_samples
 
     train_s, val_s, data_stats = sft_samples(params, tok)
     train_t = tokenize_samples(train_s, tok, p.max_tokens, prompt_lm=p.prompt_loss_weight > 0)
@@ -398,15 +383,11 @@ def _run_sft(params: Any) -> dict[str, Any]:
              len(train_t), len(val_t), sum(lengths) / len(lengths), total_steps, device)
 
     opt, sched = make_optimizer(model, p.lr, p.weight_decay, p.warmup_steps, total_steps)
-    ckpt_root = out / "checkpoints"
     # The run's identity: params plus the contents of what it reads (see grpo.py).
     sources = ({"trajectories": p.trajectories, "val_trajectories": p.val_trajectories} if p.trajectories
                else {"world": p.world, "retriever": p.retriever})
-    fingerprint = run_fingerprint({"sft": p.model_dump(), "agent": params.agent.model_dump(),
-                                   "multi_rule": params.mempo.multi_rule},
-                                  {"policy": p.policy, **sources}, ckpt_root / HASH_CACHE_FILE)
-    state = resume_training(p.resume, ckpt_root, fingerprint, model, opt, sched) \
-        or TrainerState(extra={"fingerprint": fingerprint})
+    state = stage.resume(p.resume, {"sft": p.model_dump(), "agent": params.agent.model_dump(),
+                                    "multi_rule": params.mempo.multi_rule}, {"policy": p.policy, **sources}, opt, sched)
 
     pad_id = tok.pad_token_id
     t_start = time.perf_counter()
@@ -442,7 +423,7 @@ def _run_sft(params: Any) -> dict[str, Any]:
         bar.set_postfix(loss=f"{row['loss']:.3f}", val=f"{row.get('val_loss', float('nan')):.3f}")
         if state.step % p.checkpoint_every == 0 and state.step < total_steps:
             state.data_position = {"epoch": epoch, "batch": pos + 1}
-            save_checkpoint(ckpt_root, model, opt, sched, state, keep_last=p.keep_checkpoints)
+            stage.checkpoint(opt, sched, state, p.keep_checkpoints)
     bar.close()
 
     val_losses = [r["val_loss"] for r in state.history if "val_loss" in r]
@@ -457,14 +438,6 @@ def _run_sft(params: Any) -> dict[str, Any]:
         "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
         **{f"data_{k}" if not k.startswith("data") else k: v for k, v in data_stats.items()},
     }
-    save_policy(model, tok, out / "model", {"kind": "sft", "base": str(p.policy), "steps": state.step,
-                                            "context": params.agent.context})
-    write_json(out / "metrics.json", metrics)
-    write_jsonl(out / "history.jsonl", state.history)
-    plot_curves(state.history, ["loss", "val_loss"], out / "plots" / "sft_loss.png", title="SFT loss")
-    log_metrics(metrics, prefix="sft_final")
-    log_json(out / "metrics.json")
-    log_plot(out / "plots")
-    log_file(out / "model", artifact_path="model")
-    retire_checkpoints(ckpt_root)  # the final model is saved: this run is never resumed again
+    stage.finish({"kind": "sft", "base": str(p.policy), "steps": state.step, "context": params.agent.context},
+                 metrics, state.history, [CurvePlot(["loss", "val_loss"], "sft_loss.png", "SFT loss")], "sft_final")
     return metrics
