@@ -51,3 +51,50 @@ def test_paired_differences_use_the_seeds_both_variants_ran(learning, tmp_path):
     assert out["results"]["full"]["k2"]["em"]["per_seed"] == [1.0]
     assert len(out["results"]["mempo"]["k2"]["em"]["per_seed"]) == 3
     learning.print_table(out)  # the table skips the seed lists
+
+
+def test_the_study_evaluates_with_the_eval_stages_own_code(learning, tiny_world: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`evaluate_model` is `mempo eval`'s `evaluate_items` (params.yaml `eval:`, greedy, no
+    probe) aggregated per set: the study reports the eval stage's numbers, per task and per set.
+    (Short turns here: an untrained policy runs every episode to the turn cap.)"""
+    from mempo.evaluation.agent_runner import evaluate_items
+    from mempo.evaluation.engine import load_engine
+    from mempo.evaluation.metrics import aggregate_pair
+    from mempo.evaluation.settings import EvalSettings
+    from mempo.policy import TinyPolicySpec, bootstrap_tiny
+
+    policy, corpus = tmp_path / "policy", tiny_world / "corpus.jsonl"
+    bootstrap_tiny(policy, corpus, [tiny_world / "qa" / "train.jsonl"],
+                   spec=TinyPolicySpec(vocab_size=400, hidden_size=32, intermediate_size=64, num_layers=1,
+                                       num_heads=2, num_kv_heads=1, seed=1))
+    params = learning._params
+    short = {"eval.max_new_tokens": 24, "eval.max_turns": 2, "eval.max_turns_cap": 4}
+    monkeypatch.setattr(learning, "_params", lambda over: params({**short, **over}))
+    a = learning._args(["--eval-single", "3", "--eval-k2", "2", "--workdir", str(tmp_path)])
+    tasks = {b: v for b, v in learning.test_tasks(tiny_world, a).items() if b != "k4"}
+    assert [len(v) for v in tasks.values()] == [3, 2]
+
+    ev = learning.evaluate_model(policy, "memory", tasks, corpus, "cpu")
+
+    p = learning._params({"eval.memory_probe": False, "eval.concurrency": 64})
+    engine = load_engine(policy, policy, retriever=str(corpus), concurrency=64, load_model_for_probe=False)
+    try:
+        rows = evaluate_items(tasks, ["memory"], engine, EvalSettings.from_params(p.eval))
+    finally:
+        engine.retriever.close()
+    for bench, items in tasks.items():
+        part = [r for r in rows if r["benchmark"] == bench]
+        agg = ev[bench]["aggregate"]
+        wall = ("mean_prompt_tokens", "latency_s")  # the study's own mean; wall-clock time
+        assert {k: v for k, v in agg.items() if k not in wall} == {
+            k: v for k, v in aggregate_pair(part).items() if k not in wall}
+        assert agg["mean_prompt_tokens"] == pytest.approx(
+            sum(n for r in part for n in r["prompt_tokens_by_turn"]) / sum(len(r["prompt_tokens_by_turn"]) for r in part))
+        assert list(ev[bench]["per_task"]) == [it.id for it in items]
+        assert {t: d["em"] for t, d in ev[bench]["per_task"].items()} == {r["id"]: r["em"] for r in part}
+    # what the study reports per set exists: EM, objective EM / all-correct / forgetting on k > 1
+    assert {"em", "format_valid", "peak_prompt_tokens", "turns", "mean_prompt_tokens"} <= set(ev["single"]["aggregate"])
+    assert ev["k2"]["aggregate"]["turns"] > 1  # episodes of more than one turn, up to the cap of 4
+    assert {"objective_em", "all_correct", "forgetting_rate"} <= set(ev["k2"]["aggregate"])
+    assert all(d["objective_em"] is None for d in ev["single"]["per_task"].values())
