@@ -20,7 +20,9 @@ One step:
 Per-step metrics go to MLflow (stage run `train`) and the console; checkpoints (model,
 optimiser, scheduler, RNG states, data position) every `checkpoint_every` steps, atomically;
 `resume: auto` continues from the newest. Writes OUT/model (HF folder, logged to the run),
-OUT/metrics.json, OUT/history.jsonl, OUT/plots/*.png. An exception ends the run FAILED.
+OUT/metrics.json, OUT/history.jsonl, OUT/plots/*.png (setup and ending: `mempo.training.stage`).
+An exception ends the run FAILED. Every `val_every` steps a greedy check on `val.parquet`
+runs through `mempo eval`'s own agent runner (`validate`: val_em, val_f1, ...).
 """
 
 from __future__ import annotations

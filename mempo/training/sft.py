@@ -19,9 +19,11 @@ jsonl, one of these per line:
 
 Episode records are rendered in `agent.context`: the memory agent's prompts (MemPO) or the
 whole history (the Search-R1-style baseline), so both policies learn from the same teacher
-episodes. The teacher's correct episodes are written as records to
-`OUT/trajectories/{train,val}_episodes.jsonl` (and, rendered, to `{train,val}.jsonl`); the
-full-history baseline's SFT stage reads them instead of running the teacher again.
+episodes. The teacher's correct episodes (`mempo.training.sft_data`) are written as records
+to `OUT/trajectories/{train,val}_episodes.jsonl` (and, rendered, to `{train,val}.jsonl`); the
+full-history baseline's SFT stage reads them instead of running the teacher again. This
+module holds the sample types and the training loop; the stage's setup and ending are
+`mempo.training.stage`'s.
 
 Writes `OUT/model/` (HF folder), `OUT/metrics.json`, `OUT/history.jsonl`, `OUT/plots/sft_loss.png`,
 and checkpoints under `OUT/checkpoints/` (resumable with `--resume auto`).
