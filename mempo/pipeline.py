@@ -387,8 +387,9 @@ def run_pipeline(
             do_promote = pp.promote if promote is None else promote
             registered = root / params.registration.out / "registered.json"
             if do_promote and registered.exists() and (not targets or "register" in targets):
-                from mempo.registry import gate_from_params, has_version
-                from mempo.registry import promote as promote_version
+                from mempo.registry.gate import gate_from_params
+                from mempo.registry.promote import has_version
+                from mempo.registry.promote import promote as promote_version
 
                 reg = json.loads(registered.read_text())
                 if not has_version(reg["name"], reg["version"]):

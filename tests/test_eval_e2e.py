@@ -237,7 +237,7 @@ def test_cli_eval_and_ask_with_a_registry_reference(
     import mlflow
 
     from mempo.cli import main
-    from mempo.registry import register_model
+    from mempo.registry.register import register_model
 
     monkeypatch.setenv("MEMPO_PROJECT_ROOT", str(tmp_path))
     metrics = tmp_path / "m.json"
