@@ -165,7 +165,8 @@ def test_eval_through_the_http_retrieval_service_with_mlflow(
     import mlflow
 
     from mempo.retrieval import open_retriever
-    from mempo.retrieval.server import BackgroundServer, create_app
+    from mempo.retrieval.server import create_app
+    from mempo.retrieval.serving import BackgroundServer
 
     backing = open_retriever(str(tiny_world / "corpus.jsonl"))
     with BackgroundServer(create_app(backing, manifest=backing.manifest)) as srv:

@@ -17,7 +17,7 @@ import mempo.retrieval.http as http_mod
 from mempo.errors import ConfigError
 from mempo.retrieval.auth import TOKEN_ENV, TOKEN_FILE_ENV, read_token
 from mempo.retrieval.http import HttpRetriever, RetrievalServiceError, RetryBudget
-from mempo.retrieval.server import BackgroundServer
+from mempo.retrieval.serving import BackgroundServer
 
 HIT = {"document": {"id": "1", "contents": "River\nA river."}, "score": 0.5}
 

@@ -187,7 +187,8 @@ def test_input_hash_cache_rereads_only_changed_files(tmp_path: Path, monkeypatch
 def test_input_hash_of_a_retrieval_service_is_its_index_not_its_port(tmp_path: Path) -> None:
     """`mempo pipeline run` serves the index on a new port each run: a resume must still match."""
     from mempo.retrieval import open_retriever
-    from mempo.retrieval.server import BackgroundServer, create_app
+    from mempo.retrieval.server import create_app
+    from mempo.retrieval.serving import BackgroundServer
     from mempo.training.checkpoint import input_hash
 
     corpus = tmp_path / "corpus.jsonl"

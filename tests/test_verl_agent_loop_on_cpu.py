@@ -185,7 +185,8 @@ def test_full_context_baseline_adds_full_history_probes(tiny_policy, tiny_world)
 def test_retrieval_tool_over_the_real_http_service(tiny_world):
     """The BaseTool against `mempo serve retriever`'s app on 127.0.0.1 (real HTTP)."""
     from mempo.retrieval import InProcessRetriever
-    from mempo.retrieval.server import BackgroundServer, create_app
+    from mempo.retrieval.server import create_app
+    from mempo.retrieval.serving import BackgroundServer
     from mempo.verl_plugin.tool import RetrievalTool
 
     qa = _first_question(tiny_world)

@@ -217,7 +217,8 @@ sys.exit(int(os.environ.get("STAND_IN_EXIT", "0")))
 def live_retriever(tiny_world):
     """`mempo serve retriever`'s app over the tiny world's corpus, on a loopback port."""
     from mempo.retrieval import InProcessRetriever
-    from mempo.retrieval.server import BackgroundServer, create_app
+    from mempo.retrieval.server import create_app
+    from mempo.retrieval.serving import BackgroundServer
 
     with BackgroundServer(create_app(InProcessRetriever.from_corpus(tiny_world / "corpus.jsonl")), port=0) as srv:
         yield srv.url
