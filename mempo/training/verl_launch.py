@@ -312,7 +312,8 @@ def guard_verl_checkpoints(plan: VerlRunPlan, params: Any) -> Path | None:
     the retriever counts by its URL (the launcher may not reach the service). A mismatch
     moves verl's checkpoints aside (see `checkpoint.guard_run_dir`). Returns where, or None.
     """
-    from mempo.training.checkpoint import HASH_CACHE_FILE, guard_run_dir, run_fingerprint
+    from mempo.training.checkpoint import guard_run_dir
+    from mempo.training.fingerprint import HASH_CACHE_FILE, run_fingerprint
 
     vp = params.verl
     train = getattr(params, "train", None)
