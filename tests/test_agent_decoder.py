@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from mempo.agent.decoder import Decoder, llama_family_reason, process_logits
+from mempo.agent.decoder import Decoder, process_logits
+from mempo.agent.engines import llama_family_reason
 from mempo.agent.format import STOP_SEQUENCES, render_prompt
 from mempo.agent.generation import FastGenerator, HFGenerator, SamplingParams, make_generator
 from mempo.errors import ConfigError
