@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     prompts, turns, repeats = (64, 200, 3) if args.quick else (256, 2000, 5)
 
-    from mempo.policy.bootstrap import bootstrap_tiny
+    from mempo.policy.tiny import bootstrap_tiny
     from mempo.world import generate_world
 
     adv = bench_advantage(prompts, rollouts=5, max_turns=8, width=args.width, repeats=repeats)

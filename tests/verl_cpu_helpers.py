@@ -31,7 +31,7 @@ _BUILT_POLICIES: dict[str, Path] = {}
 @pytest.fixture(scope="session")
 def tiny_policy(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Folder of the tiny policy (tokenizer with the turn tags + random 2x128 Qwen2)."""
-    from mempo.policy.bootstrap import bootstrap_tiny
+    from mempo.policy.tiny import bootstrap_tiny
 
     key = str(tiny_world)
     if key not in _BUILT_POLICIES:
