@@ -97,8 +97,12 @@ def test_one_output_per_turn_with_masks(episode):
             assert out.extra_fields["memory"] == memory
     assert [o.extra_fields["turn_valid"] for o in outs] == [True, False, True, True]
     assert [o.num_turns for o in outs] == [8] * 4
-    assert outs[-1].extra_fields["mempo_turn_texts"] == turns
-    assert all("mempo_turn_texts" not in o.extra_fields for o in outs[:-1])
+    # the episode's outcome for the reward, decided by the turn step (no turn texts to re-parse)
+    answer = episode["qa"]["golden_answers"][0]
+    assert outs[-1].extra_fields["mempo_final_answer"] == answer
+    assert outs[-1].extra_fields["mempo_format_valid"] is False  # turn 1 has no <mem>
+    assert outs[-1].extra_fields["mempo_termination"] == "answer"
+    assert all("mempo_final_answer" not in o.extra_fields for o in outs[:-1])
 
 
 def test_prompts_hold_only_question_last_memory_and_last_result(episode):
@@ -270,7 +274,7 @@ def test_data_stage_parquet_row_through_verls_dataset_drives_the_loop(tiny_polic
     extra = {**row["extra_info"], **outs[-1].extra_fields}
     final = tok.decode(outs[-1].response_ids, skip_special_tokens=True)
     assert compute_score(row["data_source"], final, row["reward_model"]["ground_truth"], extra) == 1.0
-    wrong = {**extra, "mempo_turn_texts": [turns[0], turns[1].replace(gold, "nobody; nowhere")]}
+    wrong = {**extra, "mempo_final_answer": "nobody; nowhere"}
     assert compute_score(row["data_source"], final, row["reward_model"]["ground_truth"], wrong) == 0.0
 
 
@@ -331,6 +335,7 @@ def test_empty_and_aborted_generations_keep_the_batch_consistent(tiny_policy, ti
     for o in outs:
         assert len(o.response_logprobs) == len(o.response_ids)
     assert outs[0].response_ids == [tok.eos_token_id or 0] and outs[0].response_logprobs == [0.0]
+    assert outs[0].response_mask == [0]  # the EOS only fills the row: an empty turn trains nothing
     assert outs[0].extra_fields["logprobs_filled"] == 1
     assert outs[1].response_logprobs[:3] == [-0.25] * 3
     assert outs[1].extra_fields["logprobs_filled"] == len(outs[1].response_ids) - 3
