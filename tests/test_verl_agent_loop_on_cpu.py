@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from verl_cpu_helpers import ScriptedServer, compose_mempo_config, tiny_policy  # noqa: F401
+from verl_cpu_helpers import make_mem_agent_loop as _make_loop
 
 from mempo.agent.context import MemoryContext
 from mempo.agent.format import build_messages, invalid_turn_observation, parse_turn, render_prompt
@@ -19,34 +20,6 @@ from mempo.agent.format import build_messages, invalid_turn_observation, parse_t
 def _first_question(world: Path) -> dict:
     with open(world / "qa" / "train.jsonl", encoding="utf-8") as f:
         return json.loads(f.readline())
-
-
-def _make_loop(tiny_policy: Path, world: Path, server: ScriptedServer, max_turns: int = 4,  # noqa: F811
-               extra_overrides: tuple[str, ...] = (), **mempo):
-    """Build the agent loop the way verl's AgentLoopWorker does (hydra.instantiate on the registry)."""
-    import hydra
-    from verl.experimental.agent_loop.agent_loop import (
-        DictConfigWrap,
-        ToolListWrap,
-        _agent_loop_registry,
-    )
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-
-    from mempo.verl_plugin.tool import RetrievalTool
-
-    overrides = [f"actor_rollout_ref.model.path={tiny_policy}", "data.train_files=x", "data.val_files=y",
-                 f"mempo.max_turns={max_turns}", "mempo.max_new_tokens=64",
-                 "data.max_prompt_length=1024", "data.max_response_length=96"]
-    overrides += [f"mempo.{k}={v}" for k, v in mempo.items()]
-    cfg = compose_mempo_config([*overrides, *extra_overrides])
-    tool = RetrievalTool({"type": "native", "retriever": str(world / "corpus.jsonl"), "topk": 2,
-                          "observation_max_tokens": 64})
-    return hydra.utils.instantiate(
-        config=_agent_loop_registry["mem_agent"],
-        trainer_config=DictConfigWrap(config=cfg), server_manager=server, tokenizer=server.tokenizer,
-        processor=None, hf_model_type="qwen2", dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([tool]),
-    )
 
 
 @pytest.fixture(scope="module")
