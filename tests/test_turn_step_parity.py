@@ -181,3 +181,25 @@ def test_local_and_verl_drivers_agree(setup, tiny_policy, tiny_world, name):  # 
     assert full.outcome_reward() == ep.outcome_reward() and full.hit_turn_limit == ep.hit_turn_limit
     for t, rec in enumerate(full.turns):
         assert rec.prompt_ids == tok.encode(render_prompt(tok, full_context_messages(ep, t)), add_special_tokens=False)
+
+
+def test_episode_steps_order_and_rules(setup):
+    """The step itself: a tool request waits for its observation; a closed but invalid
+    <answer> ends the episode with its answer and an invalid format; nothing comes after."""
+    from mempo.agent.context import MemoryContext
+    from mempo.agent.step import EpisodeSteps, ToolRequest
+
+    tok, _ = setup
+    ids = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    episode = EpisodeSteps(MemoryContext("Who?"), max_turns=3)
+    step = episode.take(ids("<mem> m </mem> <search> x </search>"), tok)
+    assert step.request == ToolRequest("search", "x") and episode.awaiting_tool and not episode.finished
+    with pytest.raises(RuntimeError):
+        episode.take(ids("<mem> m </mem> <answer> a </answer>"), tok)  # the search is not observed yet
+    episode.observe("<information> found r </information>")
+    assert "found r" in episode.messages()[1]["content"]
+    step = episode.take(ids("<mem> m </mem> <answer> a </answer> and more"), tok)
+    assert step.answers and not step.parsed.valid and step.request is None and step.observation is None
+    assert (episode.termination, episode.final_answer, episode.format_valid) == ("answer", "a", False)
+    with pytest.raises(RuntimeError):
+        episode.take(ids("<mem> m </mem> <answer> b </answer>"), tok)
