@@ -270,7 +270,7 @@ class SFTParams(Section):
     part: str = "sft"
     max_questions: int | None = Field(2000, ge=1)
     multi_k: list[int] = Field(default_factory=lambda: [2, 3, 4])
-    multi_tasks: int = Field(300, ge=0)
+    multi_tasks: int = Field(600, ge=0)
     rename_entities: float = Field(1.0, ge=0.0, le=1.0)
     prompt_loss_weight: float = Field(0.0, ge=0.0)
     val_questions: int = Field(100, ge=1)
