@@ -88,7 +88,7 @@ def tiny_policy(world: Path, work: Path, quick: bool) -> tuple[Any, Any, Path]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mempo.config import load_params
-    from mempo.policy.bootstrap import TinyPolicySpec, bootstrap_tiny
+    from mempo.policy.tiny import TinyPolicySpec, bootstrap_tiny
 
     p = load_params(None).policy
     spec = TinyPolicySpec(vocab_size=p.vocab_size, hidden_size=p.hidden_size, intermediate_size=p.intermediate_size,

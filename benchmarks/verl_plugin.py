@@ -88,9 +88,9 @@ def bench_advantage(prompts: int, rollouts: int, max_turns: int, width: int, rep
 def bench_turn_bookkeeping(turns: int, tokenizer_dir: Path) -> dict:
     from transformers import AutoTokenizer
 
-    from mempo.agent.format import STOP_SEQUENCES, parse_turn
+    from mempo.agent.format import STOP_SEQUENCES
     from mempo.agent.generation import cut_at_stop
-    from mempo.agent.masks import check_mem_mask, span_token_mask
+    from mempo.agent.step import digest_turn
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     rng = random.Random(1)
@@ -108,10 +108,8 @@ def bench_turn_bookkeeping(turns: int, tokenizer_dir: Path) -> dict:
 
     def bookkeeping():
         for i in ids:
-            kept, text, _ = cut_at_stop(i, tok, STOP_SEQUENCES)
-            parsed = parse_turn(text)
-            mask = span_token_mask(kept, tok, parsed.mem_span)
-            check_mem_mask(kept, tok, mask, parsed.mem)
+            kept, _, _ = cut_at_stop(i, tok, STOP_SEQUENCES)
+            digest_turn(kept, tok)  # what both drivers run per turn: decode, parse, mask + check
 
     base = _time(decode_only, 3)
     ours = _time(bookkeeping, 3)
@@ -129,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     prompts, turns, repeats = (64, 200, 3) if args.quick else (256, 2000, 5)
 
-    from mempo.policy.bootstrap import bootstrap_tiny
+    from mempo.policy.tiny import bootstrap_tiny
     from mempo.world import generate_world
 
     adv = bench_advantage(prompts, rollouts=5, max_turns=8, width=args.width, repeats=repeats)

@@ -13,7 +13,8 @@ def promote_op(params_file: str, overrides: dict, mlflow_uri: str, parent_run_id
     """Gates the version in `model_uri` (`models:/NAME/VERSION`); returns whether it was promoted."""
 
     from mempo.config import load_params
-    from mempo.registry import gate_from_params, promote
+    from mempo.registry.gate import gate_from_params
+    from mempo.registry.promote import promote
     from mempo.tracking import use_tracking
 
     use_tracking(mlflow_uri, parent_run_id)

@@ -20,7 +20,8 @@ def register_op(
     import os
 
     from mempo.config import load_params
-    from mempo.registry import gate_from_params, register_model
+    from mempo.registry.gate import gate_from_params
+    from mempo.registry.register import register_model
     from mempo.tracking import use_tracking
 
     use_tracking(mlflow_uri, parent_run_id)

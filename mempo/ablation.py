@@ -101,13 +101,14 @@ def run_ablations(
 
     Raises `MempoError` naming the ablation whose experiment failed.
     """
-    from mempo.pipeline import TINY_OVERRIDES, _dvc
+    from mempo.dvc_runner import dvc_executable
+    from mempo.pipeline import TINY_OVERRIDES
 
     root = Path(root).resolve()
     overrides = {"tiny": TINY_OVERRIDES, "none": {}}.get(profile)
     if overrides is None:
         raise ConfigError(f"unknown profile '{profile}' (tiny | none)")
-    dvc = _dvc()
+    dvc = dvc_executable()
     cmds = experiment_commands(list(names or ABLATIONS), overrides, dvc)
     if dry_run:
         return "\n".join(" ".join(c) for c in [*cmds, show_command(dvc)])

@@ -337,7 +337,7 @@ class IndexParams(Section):
 
 class ServiceLimitParams(Section):
     """Request limits and scheduling knobs of the retrieval service (the part of `serve:` that
-    `mempo.retrieval.server.ServiceLimits` extends with the runtime-only bearer token)."""
+    `mempo.retrieval.contract.ServiceLimits` extends with the runtime-only bearer token)."""
 
     batching: bool = True
     batch_window_ms: float = Field(0.0, ge=0.0)

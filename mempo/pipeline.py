@@ -29,9 +29,13 @@ What happens, in order:
 Stopping: `dvc repro` runs in its own process group. When this process is interrupted
 (Ctrl-C, or SIGTERM, which the CLI turns into an exception), the group gets SIGINT (DVC
 lets the running stage handle it, records the failure and exits), then SIGTERM and SIGKILL
-if it is still there after `STOP_GRACE_S`; the retrieval service is stopped as well, and the
-parent MLflow run ends FAILED. A SIGKILL of this process cannot be handled: then the
+if it is still there after `mempo.dvc_runner.STOP_GRACE_S`; the retrieval service is stopped
+as well, and the parent MLflow run ends FAILED. A SIGKILL of this process cannot be handled: then the
 service (its own process group, so a terminal's Ctrl-C does not skip the drain) stays up.
+
+This module is the run itself (`run_pipeline`, `summarize`, the retrieval service's lifecycle,
+the tiny profile); driving DVC (stale stages, the stage graph, repro, push) is in
+`mempo.dvc_runner`.
 """
 
 from __future__ import annotations
@@ -39,12 +43,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -53,11 +54,19 @@ from typing import Any
 
 import yaml
 
+from mempo.dvc_runner import (
+    bin_dir,
+    downstream_of,
+    dvc_env,
+    in_dependency_order,
+    push_outputs,
+    repro,
+    stale_stages,
+    upstream_of,
+)
 from mempo.errors import MempoError
 
 ENV_RETRIEVER_URL = "MEMPO_RETRIEVER_URL"
-# Seconds an interrupted `dvc repro` gets to stop its stage after SIGINT, before SIGTERM.
-STOP_GRACE_S = 30.0
 
 # The smallest end-to-end run (every stage, minutes on 2 CPU cores): what the orchestration
 # tests run through DVC, Kubeflow (kfp.local) and Airflow. It proves the wiring, not quality.
@@ -92,92 +101,6 @@ def write_params_with(src: str | Path, dst: str | Path, overrides: dict[str, Any
     return write_text(dst, yaml.safe_dump(data, sort_keys=False))
 
 
-def _bin_dir() -> Path:
-    return Path(sys.executable).parent
-
-
-def _dvc() -> str:
-    exe = _bin_dir() / "dvc"
-    if exe.exists():
-        return str(exe)
-    found = shutil.which("dvc")
-    if not found:
-        raise MempoError("dvc is not installed in this environment; run `make setup`")
-    return found
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{_bin_dir()}{os.pathsep}{env.get('PATH', '')}"
-    env.setdefault("DVC_NO_ANALYTICS", "1")
-    return env
-
-
-def stale_stages(root: str | Path = ".", targets: list[str] | None = None) -> list[str]:
-    """Names of the stages `dvc repro` would run (changed ones; downstream ones follow them)."""
-    proc = subprocess.run(
-        [_dvc(), "status", "--json", *(targets or [])],
-        cwd=root, env=_env(), capture_output=True, text=True,
-    )
-    if proc.returncode != 0:
-        raise MempoError(f"`dvc status` failed: {proc.stderr.strip()[-500:]}")
-    status = json.loads(proc.stdout or "{}")
-    # Keys are stage names, or "dvc.yaml:name" for stages outside the root dvc.yaml.
-    return [k.split(":")[-1] for k in status]
-
-
-def _edges(stages: dict[str, Any]) -> set[tuple[str, str]]:
-    """(src, dst) pairs where stage `dst` depends on an output of stage `src`."""
-    outs_of = {
-        name: [o if isinstance(o, str) else next(iter(o)) for o in s.get("outs", []) + s.get("metrics", [])]
-        for name, s in stages.items()
-    }
-    deps_of = {name: [d if isinstance(d, str) else next(iter(d)) for d in s.get("deps", [])] for name, s in stages.items()}
-
-    def feeds(src: str, dst: str) -> bool:
-        return any(
-            d == o or d.startswith(o.rstrip("/") + "/") or o.startswith(d.rstrip("/") + "/")
-            for o in outs_of[src] for d in deps_of[dst]
-        )
-
-    return {(a, b) for a in stages for b in stages if a != b and feeds(a, b)}
-
-
-def _closure(edges: set[tuple[str, str]], start: list[str], upstream: bool) -> set[str]:
-    out = set(start)
-    grew = True
-    while grew:
-        grew = False
-        for a, b in edges:
-            src, dst = (b, a) if upstream else (a, b)
-            if src in out and dst not in out:
-                out.add(dst)
-                grew = True
-    return out
-
-
-def downstream_of(stages: dict[str, Any], changed: list[str]) -> set[str]:
-    """`changed` plus every stage that (transitively) depends on one of their outs."""
-    return _closure(_edges(stages), [c for c in changed if c in stages], upstream=False) | set(changed)
-
-
-def upstream_of(stages: dict[str, Any], targets: list[str]) -> set[str]:
-    """`targets` plus every stage whose outs they (transitively) depend on."""
-    return _closure(_edges(stages), [t for t in targets if t in stages], upstream=True) | set(targets)
-
-
-def in_dependency_order(stages: dict[str, Any], names: set[str] | list[str]) -> list[str]:
-    """`names` sorted so each stage comes after the stages it depends on (dvc.yaml order on ties)."""
-    edges = {(a, b) for a, b in _edges(stages) if a in names and b in names}
-    todo = [n for n in stages if n in names]
-    done: list[str] = []
-    while todo:
-        ready = next(n for n in todo if not any(b == n and a not in done for a, b in edges))
-        done.append(ready)
-        todo.remove(ready)
-    return done
-
-
 def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -207,12 +130,12 @@ def retrieval_service(
         raise MempoError("retrieval index not found (run the index stage first)", path=index_dir)
     port = port or _free_port(host)
     url = f"http://{host}:{port}"
-    cmd = [str(_bin_dir() / "mempo"), "serve", "retriever", "--index", str(index_dir),
+    cmd = [str(bin_dir() / "mempo"), "serve", "retriever", "--index", str(index_dir),
            "--host", host, "--port", str(port), *(extra_args or [])]
     if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     log_fh = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(cmd, env=_env(), stdout=log_fh, stderr=subprocess.STDOUT if log_path else None,
+    proc = subprocess.Popen(cmd, env=dvc_env(), stdout=log_fh, stderr=subprocess.STDOUT if log_path else None,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + start_timeout_s
@@ -262,74 +185,6 @@ class PipelineResult:
     restored: list[str] = field(default_factory=list)
 
 
-_RAN = re.compile(r"^Running stage '([^']+)'")
-_RESTORED = re.compile(r"^Stage '([^']+)' is cached")
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _stop_group(proc: subprocess.Popen[Any], grace_s: float = STOP_GRACE_S) -> None:
-    """Stop the process group led by `proc`: SIGINT, then SIGTERM, then SIGKILL."""
-    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            proc.poll()  # reap dvc itself, so a zombie does not keep the group "alive"
-            if not _group_alive(proc.pid):
-                return
-            time.sleep(0.1)
-
-
-def _repro(root: Path, force: bool, targets: list[str] | None, extra_env: dict[str, str],
-           single_item: bool = False, result: PipelineResult | None = None) -> None:
-    """`dvc repro` in its own process group, its output passed through; records in `result`
-    which stages ran. Interrupted (KeyboardInterrupt, the CLI's SIGTERM exception), it stops
-    the whole group before re-raising."""
-    cmd = [_dvc(), "repro", *(["--force"] if force else []), *(["--single-item"] if single_item else []),
-           *(targets or [])]
-    proc = subprocess.Popen(cmd, cwd=root, env={**_env(), **extra_env}, stdout=subprocess.PIPE, text=True,
-                            bufsize=1, start_new_session=True)
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            if result is not None and (m := _RAN.match(line)):
-                result.ran.append(m.group(1).split(":")[-1])
-            elif result is not None and (m := _RESTORED.match(line)):
-                result.restored.append(m.group(1).split(":")[-1])
-        returncode = proc.wait()
-    except BaseException:
-        _stop_group(proc)
-        raise
-    finally:
-        proc.stdout.close()
-    if returncode != 0:
-        raise MempoError(f"`dvc {' '.join(cmd[1:])}` failed (exit {returncode}); see the stage output above")
-
-
-def push_outputs(root: str | Path = ".") -> str | None:
-    """`dvc push` every stage output to the default DVC remote; the remote's name, or None
-    when no default remote is configured (nothing pushed). Raises `MempoError` on failure."""
-    proc = subprocess.run([_dvc(), "remote", "default"], cwd=root, env=_env(), capture_output=True, text=True)
-    remote = proc.stdout.strip() if proc.returncode == 0 else ""
-    if not remote:
-        return None
-    proc = subprocess.run([_dvc(), "push", "--quiet"], cwd=root, env=_env(), capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise MempoError(f"`dvc push` to remote '{remote}' failed (exit {proc.returncode}): "
-                         f"{(proc.stderr or proc.stdout).strip()[-500:]}")
-    return remote
-
 
 def run_pipeline(
     root: str | Path = ".",
@@ -367,7 +222,7 @@ def run_pipeline(
             result.parent_run_id = parent_id
             need_retriever = pp.serve_retriever and any(s in will_run for s in pp.retriever_stages)
             if need_retriever and pp.index_stage in stages:
-                _repro(root, force, [pp.index_stage], {}, result=result)
+                repro(root, force, [pp.index_stage], {}, result=result)
                 with retrieval_service(root / pp.index_dir, host=pp.retriever_host,
                                        start_timeout_s=pp.retriever_start_timeout_s,
                                        log_path=root / "outputs" / "retriever.log") as url:
@@ -379,16 +234,17 @@ def run_pipeline(
                         done = upstream_of(stages, [pp.index_stage])
                         rest = [s for s in will_run if s not in done]
                         if rest:
-                            _repro(root, True, rest, env, single_item=True, result=result)
+                            repro(root, True, rest, env, single_item=True, result=result)
                     else:
-                        _repro(root, False, targets, env, result=result)
+                        repro(root, False, targets, env, result=result)
             else:
-                _repro(root, force, targets, {}, result=result)
+                repro(root, force, targets, {}, result=result)
             do_promote = pp.promote if promote is None else promote
             registered = root / params.registration.out / "registered.json"
             if do_promote and registered.exists() and (not targets or "register" in targets):
-                from mempo.registry import gate_from_params, has_version
-                from mempo.registry import promote as promote_version
+                from mempo.registry.gate import gate_from_params
+                from mempo.registry.promote import has_version
+                from mempo.registry.promote import promote as promote_version
 
                 reg = json.loads(registered.read_text())
                 if not has_version(reg["name"], reg["version"]):

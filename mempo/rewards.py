@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mempo.agent.format import ANSWER_SEP, parse_turn
+from mempo.agent.format import ANSWER_SEP, ParsedTurn, parse_turn
 
 MultiRule = Literal["all", "mean", "any"]
 FormatRule = Literal["strict", "penalty", "ignore"]
@@ -165,11 +165,15 @@ def answer_correctness(
     return multi_objective_scores(answer, objs).score(multi_rule)
 
 
-def episode_format_valid(turn_texts: Sequence[str]) -> bool:
-    """An episode's format is valid when every turn parses as valid and the last one answers."""
-    if not turn_texts:
+def episode_format_valid(turns: Sequence[str | ParsedTurn | Any]) -> bool:
+    """An episode's format is valid when every turn is valid and the last one answers.
+
+    `turns`: turn texts (parsed here), or anything with `valid` and `action` (a kept
+    `ParsedTurn`, a rollout's `TurnRecord`), which is not parsed again.
+    """
+    if not turns:
         return False
-    parsed = [parse_turn(t) for t in turn_texts]
+    parsed = [parse_turn(t) if isinstance(t, str) else t for t in turns]
     return all(p.valid for p in parsed) and parsed[-1].action == "answer"
 
 
@@ -198,6 +202,33 @@ def outcome_reward(
     raise ValueError(f"unknown format rule '{format_rule}' (strict | penalty | ignore)")
 
 
+def episode_score(
+    answer: str | None,
+    format_valid: bool,
+    ground_truth: str | Sequence[str] | dict[str, Any],
+    extra_info: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> float:
+    """R^T of an episode whose final answer and format validity are known (no parsing).
+
+    `ground_truth` is the gold answer list (or a dict with `target` as verl's RL datasets
+    store it, or a numpy array); `extra_info` may carry `objectives` /
+    `metadata.objectives`. kwargs: `multi_rule`, `format_rule`, `format_penalty`
+    (defaults: all, strict, 0.0). Example: `episode_score("Paris", True, ["Paris"])` -> 1.0.
+    """
+    if isinstance(ground_truth, dict):
+        ground_truth = ground_truth.get("target", ground_truth.get("golden_answers", []))
+    if hasattr(ground_truth, "tolist") and not isinstance(ground_truth, str):
+        ground_truth = ground_truth.tolist()
+    golds = _as_list(ground_truth)  # type: ignore[arg-type]
+    return outcome_reward(
+        answer, golds, bool(format_valid), objective_answers(golds, extra_info),
+        multi_rule=kwargs.get("multi_rule", "all"),
+        format_rule=kwargs.get("format_rule", "strict"),
+        format_penalty=float(kwargs.get("format_penalty", 0.0)),
+    )
+
+
 _TURN_SPLIT = re.compile(r"(?=<mem>)")
 
 
@@ -212,24 +243,11 @@ def compute_score(
 
     `solution_str` is the model's output: one turn, or several turns concatenated (with
     `<information>` blocks between them); turns are split at each `<mem>`, observations are
-    dropped, and every turn must be valid. `ground_truth` is the gold answer list (or a
-    dict with `target` as verl's RL datasets store it). `extra_info` may carry
-    `objectives` / `metadata.objectives`. kwargs: `multi_rule`, `format_rule`,
-    `format_penalty` (defaults: all, strict, 0.0).
+    dropped, and every turn must be valid. The rest as `episode_score`. (`mem_agent`
+    episodes are scored from their structured fields instead, see
+    `mempo.verl_plugin.reward`.)
     """
-    if isinstance(ground_truth, dict):
-        ground_truth = ground_truth.get("target", ground_truth.get("golden_answers", []))
-    golds = _as_list(ground_truth)  # type: ignore[arg-type]
     text = re.sub(r"<information>.*?</information>", " ", solution_str or "", flags=re.S)
-    turns = [t for t in _TURN_SPLIT.split(text) if t.strip()]
-    valid = episode_format_valid(turns)
-    answer = parse_turn(turns[-1]).argument if turns else None
-    last = parse_turn(turns[-1]) if turns else None
-    if last is not None and last.action != "answer":
-        answer = None
-    return outcome_reward(
-        answer, golds, valid, objective_answers(golds, extra_info),
-        multi_rule=kwargs.get("multi_rule", "all"),
-        format_rule=kwargs.get("format_rule", "strict"),
-        format_penalty=float(kwargs.get("format_penalty", 0.0)),
-    )
+    turns = [parse_turn(t) for t in _TURN_SPLIT.split(text) if t.strip()]
+    answer = turns[-1].argument if turns and turns[-1].action == "answer" else None
+    return episode_score(answer, episode_format_valid(turns), ground_truth, extra_info, **kwargs)

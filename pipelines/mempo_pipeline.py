@@ -38,7 +38,7 @@ from components.train import train_op, train_rayjob_op
 from components.validate import validate_op
 from components.world import world_op
 from mempo.config import load_params
-from mempo.orchestration.rayjob import base_rayjob
+from mempo.orchestration.rayjob_manifest import base_rayjob
 
 HERE = Path(__file__).resolve().parent
 SHARED_RETRIEVER = "http://mempo-retriever.mempo.svc.cluster.local:8013"

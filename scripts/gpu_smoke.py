@@ -229,7 +229,7 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
 
     # world + tiny policy
     from mempo.datasets import iter_corpus, load_qa
-    from mempo.policy.bootstrap import bootstrap_tiny
+    from mempo.policy.tiny import bootstrap_tiny
     from mempo.world.generate import generate_world
 
     meter = Meter(device)

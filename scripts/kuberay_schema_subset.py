@@ -5,8 +5,8 @@
 
 The input is `ray-operator/config/crd/bases/ray.io_rayjobs.yaml` of a KubeRay release (not
 vendored here). The output keeps the `v1` version's openAPIV3Schema for the fields
-mempo.orchestration.rayjob writes (KEEP below), types/enums/required/int-or-string exactly
-as the CRD states them, drops descriptions, and forbids any other field: the API server
+mempo.orchestration.rayjob_manifest writes (KEEP below), types/enums/required/int-or-string
+exactly as the CRD states them, drops descriptions, and forbids any other field: the API server
 would prune an unknown (misspelt) field silently, a test should not.
 """
 

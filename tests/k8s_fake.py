@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from mempo.orchestration.rayjob import SCHEMA_PATH
+from mempo.orchestration.rayjob_manifest import SCHEMA_PATH
 
 _PATH = re.compile(r"^/apis/ray\.io/v1/namespaces/(?P<ns>[^/]+)/rayjobs(?:/(?P<name>[^/?]+))?")
 

@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from mempo.agent.decoder import Decoder, llama_family_reason, process_logits
+from mempo.agent.decoder import Decoder, process_logits
+from mempo.agent.engines import llama_family_reason
 from mempo.agent.format import STOP_SEQUENCES, render_prompt
 from mempo.agent.generation import FastGenerator, HFGenerator, SamplingParams, make_generator
 from mempo.errors import ConfigError
@@ -24,7 +25,7 @@ def tiny(tiny_world):
     forever, which would test nothing; at 0.15 it writes varied text (~-3.5 nats a token)."""
     from mempo.agent.format import SYSTEM_PROMPT, TAGS
     from mempo.datasets import iter_corpus
-    from mempo.policy.bootstrap import TinyPolicySpec, build_tiny_model, train_tiny_tokenizer
+    from mempo.policy.tiny import TinyPolicySpec, build_tiny_model, train_tiny_tokenizer
 
     texts = [SYSTEM_PROMPT] * 20 + [p.contents for p in iter_corpus(tiny_world / "corpus.jsonl")]
     tok = train_tiny_tokenizer(iter(texts), TAGS, vocab_size=800)

@@ -11,7 +11,7 @@ from test_agent_helpers import build_bpe_tokenizer
 
 from mempo.agent.format import TAGS, parse_turn
 from mempo.agent.masks import check_mem_mask, masked_text, span_token_mask, token_char_offsets
-from mempo.policy.bootstrap import train_tiny_tokenizer
+from mempo.policy.tiny import train_tiny_tokenizer
 
 TEXTS = [
     "Gaki Baizound was born in Quaevzawick. The mayor of Quaevzawick is Caenwo Shusdrioth.",

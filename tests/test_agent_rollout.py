@@ -22,7 +22,7 @@ from mempo.agent.teacher import NO_FACTS_YET, ScriptedTeacher
 from mempo.agent.tools import ArticleReader, ToolConfig, ToolEnv, chunk_text
 from mempo.datasets import load_qa
 from mempo.forgetting import MemoryStep, episode_forgot
-from mempo.policy.bootstrap import TinyPolicySpec, build_tiny_model, train_tiny_tokenizer
+from mempo.policy.tiny import TinyPolicySpec, build_tiny_model, train_tiny_tokenizer
 from mempo.retrieval.inprocess import InProcessRetriever
 from mempo.tasks import compose_multi_objective
 

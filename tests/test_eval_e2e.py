@@ -26,7 +26,7 @@ from mempo.evaluation.runner import run_eval
 @pytest.fixture(scope="module")
 def tiny_policy(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained tiny Qwen2 policy (BPE tokenizer trained on the tiny world)."""
-    from mempo.policy.bootstrap import bootstrap_tiny
+    from mempo.policy.tiny import bootstrap_tiny
 
     out = tmp_path_factory.mktemp("policy") / "tiny"
     bootstrap_tiny(out, tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"])
@@ -166,7 +166,8 @@ def test_eval_through_the_http_retrieval_service_with_mlflow(
     import mlflow
 
     from mempo.retrieval import open_retriever
-    from mempo.retrieval.server import BackgroundServer, create_app
+    from mempo.retrieval.server import create_app
+    from mempo.retrieval.serving import BackgroundServer
 
     backing = open_retriever(str(tiny_world / "corpus.jsonl"))
     with BackgroundServer(create_app(backing, manifest=backing.manifest)) as srv:
@@ -238,7 +239,7 @@ def test_cli_eval_and_ask_with_a_registry_reference(
     import mlflow
 
     from mempo.cli import main
-    from mempo.registry import register_model
+    from mempo.registry.register import register_model
 
     monkeypatch.setenv("MEMPO_PROJECT_ROOT", str(tmp_path))
     metrics = tmp_path / "m.json"

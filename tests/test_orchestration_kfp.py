@@ -71,7 +71,7 @@ def test_cluster_pipeline_resources_caching_and_images() -> None:
 
 def test_cluster_train_step_carries_the_rayjob_and_mounts_the_run_volume() -> None:
     from mempo.config import load_params
-    from mempo.orchestration.rayjob import TrainRun, validate_rayjob, with_run
+    from mempo.orchestration.rayjob_manifest import TrainRun, validate_rayjob, with_run
 
     spec, platform = _docs("mempo_pipeline.yaml")
     task = spec["root"]["dag"]["tasks"]["train-rayjob-op"]

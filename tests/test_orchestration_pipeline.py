@@ -15,8 +15,9 @@ import mlflow
 import pytest
 import yaml
 
+from mempo.dvc_runner import downstream_of
 from mempo.errors import MempoError
-from mempo.pipeline import downstream_of, retrieval_service, run_pipeline, write_params_with
+from mempo.pipeline import retrieval_service, run_pipeline, write_params_with
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,14 +15,13 @@ from k8s_fake import FakeKubeAPI
 
 from mempo.config import load_params
 from mempo.errors import ConfigError
-from mempo.orchestration.rayjob import (
+from mempo.orchestration.rayjob import RayJobFailed, train_on_rayjob
+from mempo.orchestration.rayjob_manifest import (
     KUEUE_QUEUE_LABEL,
-    RayJobFailed,
     TrainRun,
     base_rayjob,
     job_name,
     render_rayjob,
-    train_on_rayjob,
     validate_rayjob,
     with_run,
 )

@@ -109,7 +109,7 @@ def test_copy_warmup_teaches_a_small_model_to_repeat_what_it_read() -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from mempo.policy.bootstrap import copy_warmup
+    from mempo.policy.tiny import copy_warmup
 
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -8,7 +8,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mempo.registry import GateConfig, evaluate_gate
+from mempo.registry.gate import GateConfig, evaluate_gate
 
 GATE = GateConfig(
     primary_metric="memory/world/em",

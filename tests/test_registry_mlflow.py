@@ -17,15 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mempo.errors import DataError, MempoError
-from mempo.registry import (
-    CHALLENGER,
-    CHAMPION,
-    GateConfig,
-    promote,
-    promotion_lock,
-    register_model,
-    version_metrics,
-)
+from mempo.registry.evidence import version_metrics
+from mempo.registry.gate import GateConfig
+from mempo.registry.promote import CHALLENGER, CHAMPION, promote
+from mempo.registry.register import register_model
+from mempo.registry.store import promotion_lock
 
 GATE = GateConfig(primary_metric="memory/world/em", min_gain=0.0, tolerance=0.02,
                   required_benchmarks=("world",), floors={"memory/world/em": 0.05}, min_eval_n=16)
@@ -178,7 +174,7 @@ def _start_race(procs: list[subprocess.Popen], ready: list[Path], start: Path) -
 REGISTER_RACER = """
 import sys, time
 from pathlib import Path
-from mempo.registry import register_model
+from mempo.registry.register import register_model
 start = Path(sys.argv[3])
 Path(sys.argv[4]).touch()  # imported: ready to race
 while not start.exists():
@@ -275,7 +271,8 @@ def test_lock_excludes_a_second_holder_and_breaks_stale_locks(mlflow_uri: str) -
 RACER = """
 import sys, time
 from pathlib import Path
-from mempo.registry import GateConfig, promote
+from mempo.registry.gate import GateConfig
+from mempo.registry.promote import promote
 gate = GateConfig(primary_metric="memory/world/em", required_benchmarks=())
 start = Path(sys.argv[2])
 Path(sys.argv[3]).touch()  # imported: ready to race

@@ -17,7 +17,7 @@ import mempo.retrieval.http as http_mod
 from mempo.errors import ConfigError
 from mempo.retrieval.auth import TOKEN_ENV, TOKEN_FILE_ENV, read_token
 from mempo.retrieval.http import HttpRetriever, RetrievalServiceError, RetryBudget
-from mempo.retrieval.server import BackgroundServer
+from mempo.retrieval.serving import BackgroundServer
 
 HIT = {"document": {"id": "1", "contents": "River\nA river."}, "score": 0.5}
 
@@ -103,6 +103,54 @@ def test_read_timeout_is_not_retried() -> None:
             client.search(["river"], 1)
         time.sleep(0.1)
         assert len(s.seen) == 1
+
+
+class ResetOnce:
+    """A raw loopback server: the first connection reads the request and is reset (RST, no
+    answer: what a client sees when a server drops a pooled keep-alive connection or
+    restarts); later connections get a 200 with one hit."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import json
+        import socket
+        import struct
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.recv(65536)
+            if self.connections == 1:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            else:
+                body = json.dumps({"result": [[HIT]]}).encode()
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                             + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+            conn.close()
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_connection_reset_before_the_answer_is_retried(sleeps, use_async: bool) -> None:
+    server = ResetOnce()
+    try:
+        client = HttpRetriever(server.url, retries=2, backoff_s=0.01)
+        hits = asyncio.run(client.asearch(["river"], 1)) if use_async else client.search(["river"], 1)
+        assert hits[0][0].id == "1"
+        assert server.connections == 2 and len(sleeps) == 1
+    finally:
+        server.sock.close()
 
 
 def test_persistent_503_gives_up_after_the_retries(sleeps) -> None:

@@ -19,8 +19,10 @@ import httpx
 import pytest
 
 from mempo.retrieval import InProcessRetriever
+from mempo.retrieval.contract import ServiceLimits
 from mempo.retrieval.scheduler import MicroBatcher, Overloaded
-from mempo.retrieval.server import BackgroundServer, ServiceLimits, create_app
+from mempo.retrieval.server import create_app
+from mempo.retrieval.serving import BackgroundServer
 
 
 class GatedRetriever(InProcessRetriever):

@@ -22,8 +22,10 @@ import httpx
 import pytest
 
 from mempo.retrieval import InProcessRetriever, open_retriever
+from mempo.retrieval.contract import ServiceLimits
 from mempo.retrieval.http import HttpRetriever, RetrievalServiceError
-from mempo.retrieval.server import BackgroundServer, ServiceLimits, create_app
+from mempo.retrieval.server import create_app
+from mempo.retrieval.serving import BackgroundServer
 
 LIMITS = dict(max_queries_per_request=8, max_query_chars=100, max_topk=10, max_body_bytes=4000,
               max_access_items=4, batch_window_ms=20.0)
@@ -415,7 +417,7 @@ def test_cli_refuses_a_token_on_the_command_line(tiny_world: Path, tmp_path: Pat
 def test_cli_refuses_a_public_address_without_a_token(tiny_world: Path, tmp_path: Path,
                                                       monkeypatch, capsys) -> None:
     from mempo.cli import main
-    from mempo.retrieval.server import check_bind, is_loopback
+    from mempo.retrieval.serving import check_bind, is_loopback
 
     monkeypatch.delenv("MEMPO_RETRIEVER_TOKEN", raising=False)
     monkeypatch.delenv("MEMPO_RETRIEVER_TOKEN_FILE", raising=False)

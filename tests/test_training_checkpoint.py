@@ -84,11 +84,11 @@ def test_resolve_resume(tmp_path: Path) -> None:
 def test_auto_resume_skips_checkpoints_of_another_config(tmp_path: Path) -> None:
     from mempo.training.checkpoint import (
         TrainerState,
-        config_fingerprint,
         list_checkpoints,
         resolve_resume,
         save_checkpoint,
     )
+    from mempo.training.fingerprint import config_fingerprint
 
     model, opt, sched = _setup()
     fp = config_fingerprint({"train": {"lr": 1e-3, "steps": 10, "resume": "auto"}})
@@ -106,12 +106,8 @@ def test_auto_resume_skips_checkpoints_of_another_config(tmp_path: Path) -> None
 def test_a_config_mismatch_moves_checkpoints_aside_and_says_so(tmp_path: Path,
                                                              caplog: pytest.LogCaptureFixture) -> None:
     """One exploratory --set must not delete a long run's checkpoints: they are moved aside."""
-    from mempo.training.checkpoint import (
-        TrainerState,
-        config_fingerprint,
-        resolve_resume,
-        save_checkpoint,
-    )
+    from mempo.training.checkpoint import TrainerState, resolve_resume, save_checkpoint
+    from mempo.training.fingerprint import config_fingerprint
 
     model, opt, sched = _setup()
     root = tmp_path / "checkpoints"
@@ -134,7 +130,7 @@ def _mutate_same_size_same_mtime(path: Path) -> None:
 
 
 def test_run_fingerprint_covers_input_contents_not_only_size_and_mtime(tmp_path: Path) -> None:
-    from mempo.training.checkpoint import run_fingerprint
+    from mempo.training.fingerprint import run_fingerprint
 
     policy = tmp_path / "policy"
     (policy / "sub").mkdir(parents=True)
@@ -161,7 +157,7 @@ def test_run_fingerprint_covers_input_contents_not_only_size_and_mtime(tmp_path:
 
 
 def test_input_hash_cache_rereads_only_changed_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import mempo.training.checkpoint as ck
+    import mempo.training.fingerprint as ck
 
     folder = tmp_path / "index"
     folder.mkdir()
@@ -187,8 +183,9 @@ def test_input_hash_cache_rereads_only_changed_files(tmp_path: Path, monkeypatch
 def test_input_hash_of_a_retrieval_service_is_its_index_not_its_port(tmp_path: Path) -> None:
     """`mempo pipeline run` serves the index on a new port each run: a resume must still match."""
     from mempo.retrieval import open_retriever
-    from mempo.retrieval.server import BackgroundServer, create_app
-    from mempo.training.checkpoint import input_hash
+    from mempo.retrieval.server import create_app
+    from mempo.retrieval.serving import BackgroundServer
+    from mempo.training.fingerprint import input_hash
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "1", "contents": "A\\nalpha"}\n{"id": "2", "contents": "B\\nbeta"}\n')

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from verl_cpu_helpers import ScriptedServer, compose_mempo_config, tiny_policy  # noqa: F401
+from verl_cpu_helpers import make_mem_agent_loop as _make_loop
 
 from mempo.agent.context import MemoryContext
 from mempo.agent.format import build_messages, invalid_turn_observation, parse_turn, render_prompt
@@ -19,34 +20,6 @@ from mempo.agent.format import build_messages, invalid_turn_observation, parse_t
 def _first_question(world: Path) -> dict:
     with open(world / "qa" / "train.jsonl", encoding="utf-8") as f:
         return json.loads(f.readline())
-
-
-def _make_loop(tiny_policy: Path, world: Path, server: ScriptedServer, max_turns: int = 4,  # noqa: F811
-               extra_overrides: tuple[str, ...] = (), **mempo):
-    """Build the agent loop the way verl's AgentLoopWorker does (hydra.instantiate on the registry)."""
-    import hydra
-    from verl.experimental.agent_loop.agent_loop import (
-        DictConfigWrap,
-        ToolListWrap,
-        _agent_loop_registry,
-    )
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-
-    from mempo.verl_plugin.tool import RetrievalTool
-
-    overrides = [f"actor_rollout_ref.model.path={tiny_policy}", "data.train_files=x", "data.val_files=y",
-                 f"mempo.max_turns={max_turns}", "mempo.max_new_tokens=64",
-                 "data.max_prompt_length=1024", "data.max_response_length=96"]
-    overrides += [f"mempo.{k}={v}" for k, v in mempo.items()]
-    cfg = compose_mempo_config([*overrides, *extra_overrides])
-    tool = RetrievalTool({"type": "native", "retriever": str(world / "corpus.jsonl"), "topk": 2,
-                          "observation_max_tokens": 64})
-    return hydra.utils.instantiate(
-        config=_agent_loop_registry["mem_agent"],
-        trainer_config=DictConfigWrap(config=cfg), server_manager=server, tokenizer=server.tokenizer,
-        processor=None, hf_model_type="qwen2", dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([tool]),
-    )
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +70,12 @@ def test_one_output_per_turn_with_masks(episode):
             assert out.extra_fields["memory"] == memory
     assert [o.extra_fields["turn_valid"] for o in outs] == [True, False, True, True]
     assert [o.num_turns for o in outs] == [8] * 4
-    assert outs[-1].extra_fields["mempo_turn_texts"] == turns
-    assert all("mempo_turn_texts" not in o.extra_fields for o in outs[:-1])
+    # the episode's outcome for the reward, decided by the turn step (no turn texts to re-parse)
+    answer = episode["qa"]["golden_answers"][0]
+    assert outs[-1].extra_fields["mempo_final_answer"] == answer
+    assert outs[-1].extra_fields["mempo_format_valid"] is False  # turn 1 has no <mem>
+    assert outs[-1].extra_fields["mempo_termination"] == "answer"
+    assert all("mempo_final_answer" not in o.extra_fields for o in outs[:-1])
 
 
 def test_prompts_hold_only_question_last_memory_and_last_result(episode):
@@ -185,7 +162,8 @@ def test_full_context_baseline_adds_full_history_probes(tiny_policy, tiny_world)
 def test_retrieval_tool_over_the_real_http_service(tiny_world):
     """The BaseTool against `mempo serve retriever`'s app on 127.0.0.1 (real HTTP)."""
     from mempo.retrieval import InProcessRetriever
-    from mempo.retrieval.server import BackgroundServer, create_app
+    from mempo.retrieval.server import create_app
+    from mempo.retrieval.serving import BackgroundServer
     from mempo.verl_plugin.tool import RetrievalTool
 
     qa = _first_question(tiny_world)
@@ -270,7 +248,7 @@ def test_data_stage_parquet_row_through_verls_dataset_drives_the_loop(tiny_polic
     extra = {**row["extra_info"], **outs[-1].extra_fields}
     final = tok.decode(outs[-1].response_ids, skip_special_tokens=True)
     assert compute_score(row["data_source"], final, row["reward_model"]["ground_truth"], extra) == 1.0
-    wrong = {**extra, "mempo_turn_texts": [turns[0], turns[1].replace(gold, "nobody; nowhere")]}
+    wrong = {**extra, "mempo_final_answer": "nobody; nowhere"}
     assert compute_score(row["data_source"], final, row["reward_model"]["ground_truth"], wrong) == 0.0
 
 
@@ -331,6 +309,7 @@ def test_empty_and_aborted_generations_keep_the_batch_consistent(tiny_policy, ti
     for o in outs:
         assert len(o.response_logprobs) == len(o.response_ids)
     assert outs[0].response_ids == [tok.eos_token_id or 0] and outs[0].response_logprobs == [0.0]
+    assert outs[0].response_mask == [0]  # the EOS only fills the row: an empty turn trains nothing
     assert outs[0].extra_fields["logprobs_filled"] == 1
     assert outs[1].response_logprobs[:3] == [-0.25] * 3
     assert outs[1].extra_fields["logprobs_filled"] == len(outs[1].response_ids) - 3

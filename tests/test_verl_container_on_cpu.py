@@ -52,7 +52,7 @@ def test_constraints_pin_installed_versions_and_fill_the_rest_from_the_lock(tmp_
 
 def test_dockerfile_installs_transfer_queue_with_deps_and_gives_the_user_a_folder():
     from mempo.config import ClusterParams
-    from mempo.orchestration.rayjob import base_rayjob
+    from mempo.orchestration.rayjob_manifest import base_rayjob
 
     text = (TRAIN / "Dockerfile").read_text()
     joined = re.sub(r"\\\n\s*", " ", text)

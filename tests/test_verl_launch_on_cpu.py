@@ -17,15 +17,9 @@ from verl_cpu_helpers import REPO_ROOT, subprocess_env, tiny_policy  # noqa: F40
 
 from mempo.config import load_params
 from mempo.errors import ConfigError, DataError
-from mempo.training.verl_launch import (
-    RETRIEVER_ENV,
-    check_inputs,
-    check_verl_install,
-    hydra_value,
-    latest_checkpoint,
-    merge_checkpoint,
-    plan_verl_run,
-)
+from mempo.training.verl_checkpoints import latest_checkpoint, merge_checkpoint
+from mempo.training.verl_launch import RETRIEVER_ENV, check_verl_install, hydra_value, plan_verl_run
+from mempo.training.verl_preflight import check_inputs
 
 
 def _params(tmp_path: Path, policy: Path, **extra):
@@ -217,7 +211,8 @@ sys.exit(int(os.environ.get("STAND_IN_EXIT", "0")))
 def live_retriever(tiny_world):
     """`mempo serve retriever`'s app over the tiny world's corpus, on a loopback port."""
     from mempo.retrieval import InProcessRetriever
-    from mempo.retrieval.server import BackgroundServer, create_app
+    from mempo.retrieval.server import create_app
+    from mempo.retrieval.serving import BackgroundServer
 
     with BackgroundServer(create_app(InProcessRetriever.from_corpus(tiny_world / "corpus.jsonl")), port=0) as srv:
         yield srv.url
@@ -298,7 +293,7 @@ def _multi(tmp_path, policy, **extra):
 def test_preflight_refuses_what_cannot_work(tmp_path, tiny_policy, live_retriever):  # noqa: F811
     import shutil
 
-    from mempo.training.verl_launch import preflight
+    from mempo.training.verl_preflight import preflight
 
     server = "https://mlflow.example.invalid"
     dead = _params(tmp_path, tiny_policy, **{"verl.retriever": "http://127.0.0.1:9", "verl.preflight_timeout_s": 2})
@@ -328,7 +323,7 @@ def test_preflight_probes_every_ray_node(tmp_path, tiny_policy, live_retriever, 
     and reach the retriever; the probe's answers decide (the probe itself: next test)."""
     import shutil
 
-    from mempo.training.verl_launch import node_report, preflight
+    from mempo.training.verl_preflight import node_report, preflight
 
     policy = tmp_path / "policy"
     shutil.copytree(tiny_policy, policy)
@@ -356,7 +351,7 @@ def test_preflight_probes_every_ray_node(tmp_path, tiny_policy, live_retriever, 
 
 
 def test_node_report_checks_what_the_node_sees(tmp_path, live_retriever, monkeypatch):
-    from mempo.training.verl_launch import node_report
+    from mempo.training.verl_preflight import node_report
 
     marker = tmp_path / "marker"
     marker.write_text("x")
@@ -371,7 +366,7 @@ def test_node_report_checks_what_the_node_sees(tmp_path, live_retriever, monkeyp
 @pytest.mark.slow
 def test_probe_runs_on_a_real_ray_cluster(tmp_path, live_retriever):
     """The probe as a Ray task on a local one-node Ray cluster (the scheduling is Ray's)."""
-    from mempo.training.verl_launch import probe_ray_nodes
+    from mempo.training.verl_preflight import probe_ray_nodes
 
     marker = tmp_path / "marker"
     marker.write_text("x")

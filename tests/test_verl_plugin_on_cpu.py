@@ -152,8 +152,9 @@ def test_trainer_reads_sync_mode_for_verl_branches():
     assert trainer.registered_mode == "mempo_sync"
 
 
-def _reward_row(tokenizer, final_text: str, gold: list[str], turn_texts: list[str]):
-    """One trajectory's last output as verl's `_compute_score` hands it to the reward loop."""
+def _reward_row(tokenizer, final_text: str, gold: list[str], outcome: dict):
+    """One trajectory's last output as verl's `_compute_score` hands it to the reward loop
+    (`outcome`: the extra fields `mem_agent` writes on it)."""
     from tensordict import TensorDict
     from verl.protocol import DataProto
 
@@ -168,8 +169,8 @@ def _reward_row(tokenizer, final_text: str, gold: list[str], turn_texts: list[st
         "data_source": np.array(["world"], dtype=object),
         "reward_model": np.array([{"ground_truth": np.array(gold, dtype=object), "style": "rule"}], dtype=object),
         "extra_info": np.array([{"question": "q"}], dtype=object),
-        "tool_extra_fields": np.array([{"mempo_turn_texts": turn_texts}], dtype=object),
-        "__num_turns__": np.array([len(turn_texts)]),
+        "tool_extra_fields": np.array([dict(outcome)], dtype=object),
+        "__num_turns__": np.array([2]),
     }
     return DataProto(batch=batch, non_tensor_batch=non_tensor)
 
@@ -185,18 +186,22 @@ def test_reward_function_through_verls_reward_loop(composed, tiny_policy):  # no
     first = "<mem> nothing yet </mem> <think> look it up </think> <search> capital of X </search>"
     final = "<mem> capital of X is Paris </mem> <think> done </think> <answer> Paris </answer>"
 
-    def score(final_text, gold, turns):
+    def score(final_text, gold, outcome):
         # the manager binds verl's worker event loop at construction; run on that loop
-        return manager.loop.run_until_complete(manager.run_single(_reward_row(tok, final_text, gold, turns)))
+        return manager.loop.run_until_complete(manager.run_single(_reward_row(tok, final_text, gold, outcome)))
 
-    right = score(final, ["Paris"], [first, final])
+    # mem_agent's outcome of the episode `first`, `final` (both turns valid, answer Paris)
+    outcome = {"mempo_final_answer": "Paris", "mempo_format_valid": True}
+    right = score(final, ["Paris"], outcome)
     assert right["reward_score"] == 1.0
-    assert score(final, ["Lyon"], [first, final])["reward_score"] == 0.0
-    # an earlier turn without <mem> breaks the episode's format: strict rule gives 0
-    broken_first = "<think> look it up </think> <search> capital of X </search>"
-    assert score(final, ["Paris"], [broken_first, final])["reward_score"] == 0.0
-    # without the turn texts (a plain single-turn agent) the decoded last response is scored
-    assert score(final, ["Paris"], [])["reward_score"] == 1.0
+    assert score(final, ["Lyon"], outcome)["reward_score"] == 0.0
+    # an earlier turn without <mem> breaks the episode's format: strict rule gives 0, though
+    # the last response alone is well formed (the reward reads the outcome, not the text)
+    assert score(final, ["Paris"], {**outcome, "mempo_format_valid": False})["reward_score"] == 0.0
+    assert score(first, ["Paris"], outcome)["reward_score"] == 1.0
+    # without the outcome (a plain single-turn agent) the decoded last response is scored
+    assert score(final, ["Paris"], {})["reward_score"] == 1.0
+    assert score(first, ["Paris"], {})["reward_score"] == 0.0
 
 
 def test_required_verl_pin_matches_installed():

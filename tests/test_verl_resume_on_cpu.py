@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from mempo.config import load_params
-from mempo.training.verl_launch import guard_verl_checkpoints, plan_verl_run
+from mempo.training.verl_checkpoints import guard_verl_checkpoints
+from mempo.training.verl_launch import plan_verl_run
 
 
 def _inputs(tmp_path: Path) -> tuple[Path, Path]:

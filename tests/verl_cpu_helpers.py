@@ -6,6 +6,8 @@
   manager"): generation replays scripted turn texts, and prompt-log-prob requests are
   answered by running a real transformers model, shaped by verl's own SGLang function.
 - `compose_mempo_config`: the full Hydra config, composed exactly as `main_ppo` does.
+- `make_mem_agent_loop`: `mem_agent` built the way verl's AgentLoopWorker builds it, with the
+  real retrieval BaseTool over the tiny world.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ _BUILT_POLICIES: dict[str, Path] = {}
 @pytest.fixture(scope="session")
 def tiny_policy(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Folder of the tiny policy (tokenizer with the turn tags + random 2x128 Qwen2)."""
-    from mempo.policy.bootstrap import bootstrap_tiny
+    from mempo.policy.tiny import bootstrap_tiny
 
     key = str(tiny_world)
     if key not in _BUILT_POLICIES:
@@ -106,6 +108,34 @@ def compose_mempo_config(overrides: Sequence[str] = ()) -> Any:
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return compose("mempo_trainer", overrides=list(overrides))
+
+
+def make_mem_agent_loop(tiny_policy: Path, world: Path, server: ScriptedServer, max_turns: int = 4,
+                        extra_overrides: Sequence[str] = (), **mempo: Any) -> Any:
+    """Build the agent loop the way verl's AgentLoopWorker does (hydra.instantiate on the registry)."""
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import (
+        DictConfigWrap,
+        ToolListWrap,
+        _agent_loop_registry,
+    )
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from mempo.verl_plugin.tool import RetrievalTool
+
+    overrides = [f"actor_rollout_ref.model.path={tiny_policy}", "data.train_files=x", "data.val_files=y",
+                 f"mempo.max_turns={max_turns}", "mempo.max_new_tokens=64",
+                 "data.max_prompt_length=1024", "data.max_response_length=96"]
+    overrides += [f"mempo.{k}={v}" for k, v in mempo.items()]
+    cfg = compose_mempo_config([*overrides, *extra_overrides])
+    tool = RetrievalTool({"type": "native", "retriever": str(world / "corpus.jsonl"), "topk": 2,
+                          "observation_max_tokens": 64})
+    return hydra.utils.instantiate(
+        config=_agent_loop_registry["mem_agent"],
+        trainer_config=DictConfigWrap(config=cfg), server_manager=server, tokenizer=server.tokenizer,
+        processor=None, hf_model_type="qwen2", dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([tool]),
+    )
 
 
 def subprocess_env() -> dict[str, str]:

@@ -128,7 +128,7 @@ class HFGenerator:
 
         if not prompts:
             return []
-        from mempo.agent.decoder import left_pad
+        from mempo.agent.engines import left_pad
 
         pad_id = self.tokenizer.pad_token_id
         device = next(self.model.parameters()).device
@@ -213,7 +213,7 @@ class FastGenerator:
         model: a `PreTrainedModel` (put on its device by the caller).
         tokenizer: its tokenizer; a pad token is taken from eos when missing.
         batch_size: rows decoded together (more prompts join as rows finish).
-        engine: "auto" | "llama" | "hf" (see `mempo.agent.decoder.make_engine`).
+        engine: "auto" | "llama" | "hf" (see `mempo.agent.engines.make_engine`).
     """
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 64, engine: str = "auto") -> None:

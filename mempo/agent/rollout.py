@@ -10,7 +10,10 @@ are waiting into one `generate` call; the scripted teacher is another `TurnPolic
     ep = episodes[0]
     ep.turns[0].prompt_ids, ep.turns[0].response_ids, ep.turns[0].mem_mask, ep.final_answer
 
-Every turn record has its mem mask checked against the decoded span (`check_mem_mask`).
+Each turn is digested by `mempo.agent.step.EpisodeSteps`, the turn step verl's `mem_agent`
+drives too (one set of turn rules for both trainers); this module adds the I/O: prompts,
+the policy's generation, the tools. Every turn record keeps its `ParsedTurn` and has its mem
+mask checked against the decoded span (`check_mem_mask`).
 """
 
 from __future__ import annotations
@@ -21,16 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from mempo.agent.context import ContextBuilder, ContextKind, FullContext, make_context
-from mempo.agent.format import (
-    SYSTEM_PROMPT,
-    ParsedTurn,
-    invalid_turn_observation,
-    parse_turn,
-    render_prompt,
-)
+from mempo.agent import step as turn_step
+from mempo.agent.context import ContextBuilder, ContextKind, make_context
+from mempo.agent.format import SYSTEM_PROMPT, ParsedTurn, parse_turn, render_prompt
 from mempo.agent.generation import Generation, Generator, SamplingParams
-from mempo.agent.masks import check_mem_mask, span_token_mask, token_char_offsets
+from mempo.agent.step import EpisodeSteps, ToolRequest, TurnStep
 from mempo.agent.tools import ArticleReader, ToolEnv
 from mempo.datasets import QAItem
 from mempo.tasks import objectives_of
@@ -102,6 +100,8 @@ class TurnRecord:
         memory: the `<mem>` text (None when the turn wrote none).
         logprobs: sampling log-probs of `response_ids` when the engine gave them, [n].
         observation: the environment's reply to this turn (None after an answer).
+        parsed: the turn's `ParsedTurn`, kept so nothing parses `response_text` again
+            (a record built without one, e.g. by hand in a test, gets it parsed once here).
     """
 
     turn_index: int
@@ -119,6 +119,23 @@ class TurnRecord:
     observation: str | None = None
     short_observation: str | None = None
     logprobs: list[float] | None = None
+    parsed: ParsedTurn | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.parsed is None:
+            self.parsed = parse_turn(self.response_text)
+
+    @classmethod
+    def from_step(cls, step: TurnStep, prompt_ids: list[int], logprobs: list[float] | None) -> TurnRecord:
+        """The record of a digested turn (`mempo.agent.step.TurnStep`) and its prompt."""
+        p = step.parsed
+        return cls(
+            turn_index=step.turn_index, prompt_ids=prompt_ids, response_ids=step.response_ids,
+            response_mask=[1] * len(step.response_ids), mem_mask=step.mem_mask, memory=p.mem,
+            prompt_length=len(prompt_ids), response_text=step.response_text, action=p.action,
+            argument=p.argument, valid=p.valid, error=p.error, observation=step.observation,
+            short_observation=step.short_observation, logprobs=logprobs, parsed=p,
+        )
 
 
 @dataclass
@@ -152,7 +169,9 @@ class Episode:
     @property
     def format_valid(self) -> bool:
         """Every turn valid and the last one an answer."""
-        return bool(self.turns) and all(t.valid for t in self.turns) and self.turns[-1].action == "answer"
+        from mempo.rewards import episode_format_valid
+
+        return episode_format_valid(self.turns)
 
     def outcome_reward(self, multi_rule: str = "all", format_rule: str = "strict", format_penalty: float = 0.0) -> float:
         """R^T of this episode (see `mempo.rewards.outcome_reward`)."""
@@ -180,17 +199,16 @@ class Episode:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        for t in d["turns"]:  # the parsed turn repeats the record's fields: files keep their layout
+            t.pop("parsed", None)
         d.update(self.summary())
         return d
 
 
 def full_context_messages(episode: Episode, turn_index: int, system_prompt: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
     """The full-history messages the policy would see at `turn_index` of `episode`
-    (for the memory reward's eps="full_context")."""
-    ctx = FullContext(episode.question, system_prompt)
-    for t in episode.turns[:turn_index]:
-        ctx.record_turn(t.response_text, parse_turn(t.response_text), t.observation, t.short_observation)
-    return ctx.messages()
+    (for the memory reward's eps="full_context"; see `mempo.agent.step.full_context_messages`)."""
+    return turn_step.full_context_messages(episode.question, episode.turns[:turn_index], system_prompt)  # type: ignore[arg-type]
 
 
 class GeneratorPolicy:
@@ -261,44 +279,30 @@ async def run_episode(
         golden_answers=list(item.golden_answers), objectives=_objective_answers(item), context=ctx.kind,
     )
     reader = ArticleReader()
-    last_parsed: ParsedTurn | None = None
-    last_obs: str | None = None
-    for t in range(cfg.turn_budget(len(ep.objectives))):
-        msgs = ctx.messages()
+    steps = EpisodeSteps(ctx, cfg.turn_budget(len(ep.objectives)), check_masks=cfg.check_masks)
+    while not steps.finished:
+        msgs = steps.messages()
         prompt_ids = tokenizer.encode(render_prompt(tokenizer, msgs), add_special_tokens=False)
         if cfg.max_prompt_tokens and len(prompt_ids) > cfg.max_prompt_tokens:
             ep.hit_context_limit = True
             break
-        gen = await policy.respond(TurnRequest(ep.episode_id, item, t, msgs, prompt_ids, last_parsed, last_obs))
-        ids = list(gen.token_ids)
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        parsed = parse_turn(text)
-        mem_mask = span_token_mask(ids, tokenizer, parsed.mem_span, token_char_offsets(ids, tokenizer))
-        if cfg.check_masks:
-            check_mem_mask(ids, tokenizer, mem_mask, parsed.mem)
-        obs: str | None = None
-        short: str | None = None
-        if parsed.action == "answer":
-            ep.final_answer = parsed.argument
-        elif not parsed.valid:
-            obs = invalid_turn_observation(parsed.error)
-        elif parsed.action == "search":
-            obs = await env.search(parsed.argument or "")
-        elif parsed.action == "access":
-            obs, short = await env.access(parsed.argument or "", reader)
-        ep.turns.append(TurnRecord(
-            turn_index=t, prompt_ids=prompt_ids, response_ids=ids, response_mask=[1] * len(ids),
-            mem_mask=mem_mask, memory=parsed.mem, prompt_length=len(prompt_ids), response_text=text,
-            action=parsed.action, argument=parsed.argument, valid=parsed.valid, error=parsed.error,
-            observation=obs, short_observation=short, logprobs=gen.logprobs,
-        ))
-        if parsed.action == "answer":
-            break
-        ctx.record_turn(text, parsed, obs, short)
-        last_parsed, last_obs = parsed, obs
-    else:
-        ep.hit_turn_limit = True
+        last = steps.turns[-1] if steps.turns else None
+        gen = await policy.respond(TurnRequest(ep.episode_id, item, len(steps.turns), msgs, prompt_ids,
+                                               last.parsed if last else None, last.observation if last else None))
+        step = steps.take(gen.token_ids, tokenizer)
+        if step.request is not None:
+            steps.observe(*await call_tool(env, step.request, reader))
+        ep.turns.append(TurnRecord.from_step(step, prompt_ids, gen.logprobs))
+    ep.final_answer = steps.final_answer
+    ep.hit_turn_limit = steps.termination == "turn_limit"
     return ep
+
+
+async def call_tool(env: ToolEnv, request: ToolRequest, reader: ArticleReader) -> tuple[str, str | None]:
+    """(observation, short form or None) of a turn's search / access."""
+    if request.action == "access":
+        return await env.access(request.argument, reader)
+    return await env.search(request.argument), None
 
 
 async def arun_episodes(

@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _register(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from mempo.registry import gate_from_params, parse_data_args, register_model
+    from mempo.registry.gate import gate_from_params
+    from mempo.registry.register import parse_data_args, register_model
 
     params = params_from(args, {
         "register.model_name": args.name, "register.model_dir": args.model_dir,
@@ -64,7 +65,9 @@ def _register(args: argparse.Namespace) -> int:
 def _promote(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from mempo.registry import gate_from_params, promote, read_registered
+    from mempo.registry.gate import gate_from_params
+    from mempo.registry.promote import promote
+    from mempo.registry.register import read_registered
 
     params = params_from(args, {
         "register.model_name": args.model, "promote.primary_metric": args.primary_metric,

@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from mempo.retrieval.auth import read_token
-    from mempo.retrieval.server import ServiceLimits, serve_retriever
+    from mempo.retrieval.contract import ServiceLimits
+    from mempo.retrieval.serving import serve_retriever
 
     if args.token_value is not None:
         raise ConfigError("--token is not accepted: a token on the command line shows in `ps` "

@@ -115,7 +115,8 @@ def _rayjob(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from mempo.orchestration.rayjob import TrainRun, job_name, render_rayjob, train_on_rayjob
+    from mempo.orchestration.rayjob import train_on_rayjob
+    from mempo.orchestration.rayjob_manifest import TrainRun, job_name, render_rayjob
 
     params = params_from(args, {"verl.policy": args.policy, "verl.data": args.data,
                                 "verl.retriever": args.retriever, "verl.out": args.out})

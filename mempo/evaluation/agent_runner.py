@@ -127,19 +127,13 @@ def run_multi_turn(
             prompt_tokens_by_turn=list(prompts),
             final_memory=memories[-1] if memories else "",
             transcript=json.dumps([
-                {**turn_transcript(_parsed(t), t.observation, t.prompt_length), "observation": t.observation}
+                {**turn_transcript(t.parsed, t.observation, t.prompt_length), "observation": t.observation}
                 for t in ep.turns
             ], ensure_ascii=False),
             error="context window exceeded" if ep.hit_context_limit else "",
         )
         rows.append(_finish_row(row, item, ep.final_answer, truncated=ep.hit_context_limit))
     return rows
-
-
-def _parsed(turn: Any) -> Any:
-    from mempo.agent.format import parse_turn
-
-    return parse_turn(turn.response_text)
 
 
 def run_single_turn(

@@ -62,12 +62,10 @@ def _field(label: str, text: str | None, width: int = 100) -> list[str]:
 
 def format_episode(episode: Any, gold: list[str] | None = None, width: int = 100) -> str:
     """The episode as text: one block per turn, then the final answer (and its score vs `gold`)."""
-    from mempo.agent.format import parse_turn
-
     lines = [f"Question: {episode.question}", f"Context: {episode.context}", ""]
     for t in episode.turns:
         lines.append(f"Turn {t.turn_index + 1}  (prompt {t.prompt_length} tokens, generated {len(t.response_ids)})")
-        parsed = parse_turn(t.response_text)
+        parsed = t.parsed  # kept by the rollout: no second parse
         lines += _field("memory:", parsed.mem if parsed.mem is not None else "(none written)", width)
         lines += _field("think:", parsed.think, width)
         if parsed.action is not None:

@@ -7,8 +7,11 @@
 Connections are pooled (one httpx client per retriever, per event loop for async).
 
 Retries never add load to a server that is already struggling:
-- retried: connection failures (the request never reached the server), and 429/502/503/504,
-  after the server's `Retry-After` when it sends one, else exponential backoff with jitter;
+- retried: connection failures (the request never reached the server), a connection the
+  server closed or reset before answering (a pooled keep-alive connection it was closing as
+  the request went out, or a restarting server: /retrieve and /access are reads, so sending
+  one again is safe), and 429/502/503/504, after the server's `Retry-After` when it sends
+  one, else exponential backoff with jitter;
 - not retried: read timeouts (the server has the request and is slow: a second copy would
   double its work), 500 (a bug does not go away), other 4xx (the caller's mistake, raised
   at once with the server's message);
@@ -150,9 +153,12 @@ class HttpRetriever(Retriever):
 
         if error is not None:
             failure: Exception = RetrievalServiceError(f"{self.base_url}{path}: {error!r}")
-            # Only a request that never reached the server is safe to send again.
+            # A request that never reached the server, or whose connection was closed or reset
+            # before any answer, is safe to send again (both endpoints are reads). A timeout
+            # is not: the server has the request and is slow.
             retryable = isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout,
-                                           httpx.RemoteProtocolError))
+                                           httpx.RemoteProtocolError, httpx.ReadError,
+                                           httpx.WriteError))
             if isinstance(error, httpx.TimeoutException) and not isinstance(error, httpx.ConnectTimeout):
                 failure = RetrievalServiceError(
                     f"{self.base_url}{path} did not answer within the timeout ({error!r}); not "

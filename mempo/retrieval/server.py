@@ -25,6 +25,10 @@ dropped from the queue; a request whose client hung up is dropped without being 
 `batching=False` serves each request alone (Search-R1's behaviour), for comparison.
 Bad requests get a 4xx with `{"detail": message}`; failures get a 500 with a request id (the
 exception is in the server log only); the server keeps serving.
+
+This module is the app and its routes (`create_app`). Request limits and body validation are
+in `mempo.retrieval.contract`, the batching queue in `mempo.retrieval.scheduler`, running the
+app (`serve_retriever`, `BackgroundServer`, the bind check) in `mempo.retrieval.serving`.
 """
 
 from __future__ import annotations
@@ -32,11 +36,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
-import json
 import logging
 import math
-import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -45,9 +46,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from mempo.config import ServiceLimitParams
-from mempo.errors import ConfigError
 from mempo.retrieval.base import Hit, Retriever
+from mempo.retrieval.contract import (
+    BadRequest,
+    ServiceLimits,
+    parse_access,
+    parse_body,
+    parse_retrieve,
+)
 from mempo.retrieval.scheduler import (
     ClientGone,
     DeadlineExceeded,
@@ -57,119 +63,6 @@ from mempo.retrieval.scheduler import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class ServiceLimits(ServiceLimitParams):
-    """Request limits and scheduling knobs (params.yaml `serve:`, `ServiceLimitParams`) plus the
-    optional bearer token, which comes from the environment or a file, never from params."""
-
-    token: str | None = None
-
-
-class BadRequest(Exception):
-    """A client error: HTTP `status` with a one-line message."""
-
-    def __init__(self, status: int, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.reason = reason
-
-
-# ---------------------------------------------------------------------- request parsing
-
-
-def _loads(raw: bytes) -> Any:
-    """Parse JSON; orjson when installed (faster, and it stops at 1024 levels of nesting)."""
-    try:
-        import orjson
-    except ImportError:  # pragma: no cover - orjson is in requirements.lock
-        return json.loads(raw)
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        if "depth" in str(e) or "recursion" in str(e):
-            raise RecursionError(str(e)) from None
-        raise json.JSONDecodeError(str(e).split(":", 1)[0], e.doc, e.pos) from None
-
-
-def _parse_body(raw: bytes, limits: ServiceLimits) -> dict[str, Any]:
-    if len(raw) > limits.max_body_bytes:
-        raise BadRequest(413, f"body is {len(raw)} bytes, over the {limits.max_body_bytes}-byte limit",
-                         "body_too_large")
-    if not raw.strip():
-        raise BadRequest(400, "empty body; send a JSON object", "empty_body")
-    try:
-        obj = _loads(raw)
-    except UnicodeDecodeError:
-        raise BadRequest(400, "body is not valid UTF-8", "bad_encoding") from None
-    except RecursionError:
-        # A small body of nested brackets would otherwise blow the parser's stack.
-        raise BadRequest(400, "body nests too deeply; send a flat JSON object", "too_deep") from None
-    except json.JSONDecodeError as e:
-        raise BadRequest(400, f"body is not valid JSON: {e.msg} at character {e.pos}",
-                         "bad_json") from None
-    if not isinstance(obj, dict):
-        raise BadRequest(422, f"body must be a JSON object, got {type(obj).__name__}", "not_object")
-    return obj
-
-
-def _string_list(obj: dict[str, Any], key: str, max_items: int, max_chars: int | None) -> list[str]:
-    value = obj[key]
-    if not isinstance(value, list):
-        raise BadRequest(422, f"'{key}' must be a list of strings, got {type(value).__name__}",
-                         f"{key}_not_list")
-    if not value:
-        raise BadRequest(422, f"'{key}' must not be empty", f"{key}_empty")
-    if len(value) > max_items:
-        raise BadRequest(422, f"'{key}' has {len(value)} items, over the limit of {max_items} "
-                         "per request; split it", f"too_many_{key}")
-    for i, q in enumerate(value):
-        if not isinstance(q, str):
-            raise BadRequest(422, f"'{key}[{i}]' must be a string, got {type(q).__name__}",
-                             f"{key}_item_not_string")
-        if not q.strip():
-            raise BadRequest(422, f"'{key}[{i}]' is empty", f"{key}_item_empty")
-        if max_chars is not None and len(q) > max_chars:
-            raise BadRequest(422, f"'{key}[{i}]' has {len(q)} characters, over the limit of "
-                             f"{max_chars}", f"{key}_item_too_long")
-    return value
-
-
-def parse_retrieve(obj: dict[str, Any], limits: ServiceLimits) -> tuple[list[str], int, bool]:
-    """Validate a /retrieve body -> (queries, topk, return_scores). Raises BadRequest."""
-    if "queries" not in obj:
-        raise BadRequest(422, "missing required field 'queries' (a list of strings)", "missing_queries")
-    queries = _string_list(obj, "queries", limits.max_queries_per_request, limits.max_query_chars)
-    topk = obj.get("topk")
-    if topk is None:
-        topk = limits.default_topk
-    if isinstance(topk, bool) or not isinstance(topk, int):
-        raise BadRequest(422, f"'topk' must be an integer, got {type(topk).__name__}", "topk_not_int")
-    if not 1 <= topk <= limits.max_topk:
-        raise BadRequest(422, f"'topk' must be between 1 and {limits.max_topk}, got {topk}",
-                         "topk_out_of_range")
-    scores = obj.get("return_scores", False)
-    if scores is None:
-        scores = False
-    if not isinstance(scores, bool):
-        raise BadRequest(422, f"'return_scores' must be true or false, got {type(scores).__name__}",
-                         "return_scores_not_bool")
-    return queries, topk, scores
-
-
-def parse_access(obj: dict[str, Any], limits: ServiceLimits) -> tuple[str, list[str]]:
-    """Validate an /access body -> ("ids" | "titles", keys). Raises BadRequest."""
-    given = [k for k in ("ids", "titles") if obj.get(k) is not None]
-    if len(given) != 1:
-        raise BadRequest(422, "give exactly one of 'ids' or 'titles' (a list of strings)",
-                         "access_keys")
-    key = given[0]
-    return key, _string_list(obj, key, limits.max_access_items, limits.max_query_chars)
-
-
-# ---------------------------------------------------------------------- the app
-
 
 class _Metrics:
     """Prometheus metrics on a per-app registry (several apps can live in one process)."""
@@ -315,7 +208,7 @@ def create_app(retriever: Retriever, limits: ServiceLimits | None = None,
                 chunks.append(chunk)
         except ClientDisconnect:
             raise ClientGone() from None
-        return _parse_body(b"".join(chunks), limits)
+        return parse_body(b"".join(chunks), limits)
 
     def gone(endpoint: str) -> Response:
         metrics.errors.labels(endpoint, "client_gone").inc()
@@ -432,118 +325,3 @@ def _item(hit: Hit, with_score: bool) -> dict[str, Any]:
     score = hit.score if math.isfinite(hit.score) else 0.0
     doc = {"id": hit.id, "contents": hit.contents}
     return {"document": doc, "score": score} if with_score else doc
-
-
-def _uvicorn_kwargs(app: Any) -> dict[str, Any]:
-    limits: ServiceLimits | None = getattr(getattr(app, "state", None), "limits", None)
-    # uvicorn answers 503 itself past this many open connections: each one may hold a body
-    # of up to max_body_bytes, so this bounds the memory that waiting bodies take.
-    return {"limit_concurrency": limits.max_connections} if limits is not None else {}
-
-
-class BackgroundServer:
-    """Run an app with uvicorn in a daemon thread (tests, benchmarks, notebooks).
-
-        with BackgroundServer(app, port=0) as srv:
-            httpx.get(f"{srv.url}/health")
-    """
-
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
-                 graceful_timeout_s: float = 10.0) -> None:
-        import socket
-
-        import uvicorn
-
-        if port == 0:
-            with socket.socket() as s:
-                s.bind((host, 0))
-                port = s.getsockname()[1]
-        self.host, self.port = host, port
-        self.url = f"http://{host}:{port}"
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=graceful_timeout_s, lifespan="on",
-                                **_uvicorn_kwargs(app))
-        self.server = uvicorn.Server(config)
-        self._thread: Any = None
-
-    def start(self, timeout_s: float = 30.0) -> BackgroundServer:
-        import threading
-
-        self._thread = threading.Thread(target=self.server.run, daemon=True, name="uvicorn")
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"retrieval server did not start on {self.url}")
-            time.sleep(0.02)
-        return self
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Ask uvicorn to exit (in-flight requests finish first) and wait for it."""
-        self.server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    def __enter__(self) -> BackgroundServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and `localhost`: addresses no other machine can reach."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(host: str, token: str | None, allow_no_token: bool = False) -> None:
-    """Refuse to serve without a token on an address other machines can reach."""
-    if token is None and not allow_no_token and not is_loopback(host):
-        raise ConfigError(
-            f"refusing to serve on {host} without a token: anyone who reaches it could use the "
-            "service. Set MEMPO_RETRIEVER_TOKEN (or --token-file PATH), bind 127.0.0.1, or pass "
-            "--allow-no-token if the network is trusted", field="serve.host")
-
-
-def serve_retriever(index_dir: str, *, host: str = "127.0.0.1", port: int = 8013,
-                    encoder: str | None = None, device: str = "cpu",
-                    encoder_backend: str = "torch", encoder_threads: int = 0,
-                    limits: ServiceLimits | None = None, log_level: str = "info",
-                    graceful_timeout_s: float = 30.0, allow_no_token: bool = False) -> None:
-    """Load `index_dir` and serve it until SIGINT/SIGTERM (in-flight requests drain first)."""
-    import uvicorn
-
-    from mempo.retrieval.encoder import Encoder
-    from mempo.retrieval.index import load_index, read_manifest
-
-    limits = limits or ServiceLimits()
-    check_bind(host, limits.token, allow_no_token)
-    manifest = read_manifest(index_dir)
-    query_encoder: Any = encoder
-    if manifest["method"] == "dense":
-        built = manifest["encoder"]
-        query_encoder = Encoder(encoder or built.get("source") or built["name"], device=device,
-                                backend=encoder_backend, threads=encoder_threads)
-    retriever = load_index(index_dir, encoder=query_encoder, device=device)
-    app = create_app(retriever, limits, retriever.manifest)
-    log.info("serving %s on http://%s:%d (%s)", index_dir, host, port,
-             "token required" if limits.token else "no token")
-
-    def stopped(signum: int, frame: Any) -> None:
-        # uvicorn drains in-flight requests, restores this handler and re-raises SIGTERM:
-        # a requested stop after a clean drain is a normal exit (0), not a crash (-15).
-        raise SystemExit(0)
-
-    previous = signal.signal(signal.SIGTERM, stopped)
-    try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                    timeout_graceful_shutdown=graceful_timeout_s, **_uvicorn_kwargs(app))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        retriever.close()
-        log.info("retrieval service stopped")

@@ -17,12 +17,12 @@ it loads with `weights_only=True` and a planted pickle never runs.
 A checkpoint belongs to one run: `run_fingerprint` hashes the training config together with
 the *contents* of its inputs (start policy, data, index or world). A checkpoint written under
 another fingerprint is never continued; `resume: auto` moves such checkpoints aside to
-`<root>.stale-<time>/` (nothing is deleted) and starts afresh.
+`<root>.stale-<time>/` (nothing is deleted) and starts afresh. The fingerprint itself is
+computed in `mempo.training.fingerprint`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -30,13 +30,16 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mempo.errors import DataError, MempoError
+from mempo.errors import DataError
 from mempo.io import atomic_dir, remove_stale_tmp, sha256_file, write_json
+
+# Re-exported for training/sft.py and training/grpo.py, which import them from here and are
+# being restructured on other branches; new code imports from mempo.training.fingerprint.
+from mempo.training.fingerprint import HASH_CACHE_FILE, run_fingerprint  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +47,6 @@ _STEP_DIR = re.compile(r"^step-(\d{7})$")
 STATE_FILE = "state.pt"
 META_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
-HASH_CACHE_FILE = "input_hashes.json"
-_RACY_NS = 2_000_000_000
 
 
 @dataclass
@@ -222,132 +223,6 @@ def load_checkpoint(path: str | Path, model: Any, optimizer: Any, scheduler: Any
         history=meta.get("history") or [], extra=meta.get("extra") or {},
     )
 
-
-# Keys that may change between a run and its resumption without changing what is trained.
-RESUME_SAFE_KEYS = frozenset({"resume", "steps", "max_steps", "checkpoint_every", "keep_checkpoints",
-                              "threads", "device", "eval_every", "val_every", "out"})
-
-
-def config_fingerprint(config: dict[str, Any], ignore: frozenset[str] | set[str] = frozenset()) -> str:
-    """sha256 of the training config (JSON, sorted), ignoring `RESUME_SAFE_KEYS` and `ignore`
-    at any depth."""
-    skip = RESUME_SAFE_KEYS | set(ignore)
-
-    def strip(obj: Any) -> Any:
-        if isinstance(obj, dict):
-            return {k: strip(v) for k, v in obj.items() if k not in skip}
-        return obj
-
-    return hashlib.sha256(json.dumps(strip(config), sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _load_cache(cache: Path | None) -> dict[str, Any]:
-    if cache is None:
-        return {}
-    try:
-        data = json.loads(cache.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _file_hash(path: Path, cache: dict[str, Any]) -> str:
-    """sha256 of a file's bytes, reused from `cache` while (size, mtime, ctime, inode) match.
-
-    ctime is in the key because no tool can set it back: a rewrite that restores size and
-    mtime (`cp -p`, `rsync -t`, `touch -d`) still changes it, so the file is read again.
-    """
-    st = path.stat()
-    key = str(path.resolve())
-    stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
-    hit = cache.get(key)
-    if isinstance(hit, dict) and hit.get("stamp") == stamp:
-        return str(hit["sha256"])
-    digest = sha256_file(path)
-    # Timestamps tick coarsely (a few ms; 1-2 s on some filesystems): a file changed within a
-    # tick of being hashed could keep its stamp, so only files older than that are cached
-    # (git's "racily clean" rule). Recently written files are simply read again next time.
-    if time.time_ns() - st.st_ctime_ns > _RACY_NS:
-        cache[key] = {"stamp": stamp, "sha256": digest}
-    else:
-        cache.pop(key, None)
-    return digest
-
-
-def _service_identity(url: str) -> str:
-    """What a retrieval service serves (its `/health` index summary), not where it listens."""
-    import httpx
-
-    try:
-        resp = httpx.get(url.rstrip("/") + "/health", timeout=30.0)
-        index = resp.json()["index"]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-        raise MempoError(f"cannot fingerprint the retrieval service at {url} (GET /health: {e}); "
-                         "training needs it reachable") from e
-    return "service:" + hashlib.sha256(json.dumps(index, sort_keys=True).encode()).hexdigest()
-
-
-def input_hash(spec: str | Path, cache: str | Path | None = None, *, probe_services: bool = True,
-               _memo: dict[str, Any] | None = None) -> str:
-    """Content hash of one training input, as the trainer reads it.
-
-    - a file: sha256 of its bytes;
-    - a folder: sha256 over every file's relative path and sha256 (temp leftovers of killed
-      atomic writes skipped), so a changed, added or removed file changes it;
-    - `http(s)://` (a retrieval service): the index summary its `/health` reports (the port it
-      happens to listen on does not count); with `probe_services=False` the URL itself.
-
-    File hashes are cached in the JSON file `cache` keyed by (path, size, mtime, ctime, inode),
-    so a resume re-reads only what changed (a multi-GB index is read once).
-    """
-    text = str(spec)
-    if text.startswith(("http://", "https://")):
-        return _service_identity(text) if probe_services else "url:" + text.rstrip("/")
-    path = Path(spec)
-    if not path.exists():
-        raise DataError("training input not found (cannot fingerprint it)", path=path)
-    cache_path = Path(cache) if cache is not None else None
-    memo = _memo if _memo is not None else _load_cache(cache_path)
-    if path.is_file():
-        out = "file:" + _file_hash(path, memo)
-    else:
-        h = hashlib.sha256()
-        for folder, dirs, files in os.walk(path, followlinks=True):
-            dirs[:] = sorted(d for d in dirs if not d.startswith((".tmp-", ".old-")))
-            for name in sorted(files):
-                if name.startswith((".tmp-", ".old-")):
-                    continue
-                f = Path(folder) / name
-                h.update(f"{f.relative_to(path).as_posix()}\0{_file_hash(f, memo)}\n".encode())
-        out = "dir:" + h.hexdigest()
-    if _memo is None and cache_path is not None:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(cache_path, memo, indent=None)
-    return out
-
-
-def run_fingerprint(config: Mapping[str, Any], inputs: Mapping[str, str | Path | None],
-                    cache: str | Path | None = None, *, probe_services: bool = True,
-                    ignore: frozenset[str] | set[str] = frozenset()) -> str:
-    """The identity of one training run: its config plus the content hashes of its inputs.
-
-    Args:
-        config: the params sections the trainer reads (`RESUME_SAFE_KEYS` ignored).
-        inputs: name -> path or retriever spec (None/"" skipped). Keys with these names are
-            dropped from `config`: an input counts by what it holds, not where it lives.
-        cache: JSON file for the per-file hash cache (see `input_hash`).
-        probe_services: ask a retrieval service URL what it serves (see `input_hash`).
-        ignore: more config keys that may change without changing the run (any depth).
-    """
-    cache_path = Path(cache) if cache is not None else None
-    memo = _load_cache(cache_path)
-    hashes = {name: input_hash(spec, probe_services=probe_services, _memo=memo)
-              for name, spec in sorted(inputs.items()) if spec}
-    if cache_path is not None:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(cache_path, memo, indent=None)
-    config_part = config_fingerprint(dict(config), ignore=set(inputs) | set(ignore))
-    return hashlib.sha256(json.dumps({"config": config_part, "inputs": hashes}, sort_keys=True).encode()).hexdigest()
 
 
 def checkpoint_fingerprint(path: str | Path) -> str | None:

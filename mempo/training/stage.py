@@ -77,12 +77,8 @@ class TrainingStage:
         (`mode` "auto"; params `identity` and the contents of `sources` make its fingerprint:
         a changed start policy, data or index is another run, whose checkpoints are moved
         aside), loaded into model, optimiser and scheduler; else a fresh state."""
-        from mempo.training.checkpoint import (
-            HASH_CACHE_FILE,
-            TrainerState,
-            resume_training,
-            run_fingerprint,
-        )
+        from mempo.training.checkpoint import TrainerState, resume_training
+        from mempo.training.fingerprint import HASH_CACHE_FILE, run_fingerprint
 
         fingerprint = run_fingerprint(identity, sources, self.ckpt_root / HASH_CACHE_FILE)
         return resume_training(mode, self.ckpt_root, fingerprint, self.model, optimizer, scheduler) \

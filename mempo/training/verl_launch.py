@@ -43,6 +43,10 @@ about `turns` times the optimizer steps intended. The launcher sets
 `actor.ppo_mini_batch_size = verl.ppo_mini_batch_prompts x verl.turns_per_episode`; the
 trainer logs the turns per episode it sees (`mempo/turns_per_episode`), to adjust
 `verl.turns_per_episode` if they drift.
+
+This module plans the run (`plan_verl_run`, the Hydra overrides) and launches it; the checks
+of step 2 are in `mempo.training.verl_preflight`, the checkpoint guard and merge of step 4 in
+`mempo.training.verl_checkpoints`.
 """
 
 from __future__ import annotations
@@ -53,15 +57,19 @@ import re
 import shlex
 import subprocess
 import sys
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from mempo.errors import ConfigError, DataError, MempoError
-from mempo.io import atomic_dir, write_json
+from mempo.io import write_json
+from mempo.training.verl_checkpoints import (
+    guard_verl_checkpoints,
+    latest_checkpoint,
+    merge_checkpoint,
+    retire_verl_checkpoints,
+)
+from mempo.training.verl_preflight import check_inputs, preflight
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +88,6 @@ _MEMPO_KEYS = ("eps", "form", "norm_by_std", "mem_adv_group", "adv_eps", "mem_ad
 # params.yaml `verl:` keys forwarded into the Hydra `mempo:` section (the plug-in reads them).
 _VERL_MEMPO_KEYS = ("probe_concurrency", "max_tool_failure_rate", "max_failed_session_rate", "min_health_samples")
 RETRIEVER_ENV = "MEMPO_RETRIEVER_URL"
-# Tracking servers every node can reach; a sqlite/file store lives on one node's disk.
-_SERVER_SCHEMES = ("http", "https", "databricks")
 
 
 @dataclass
@@ -256,193 +262,6 @@ def sglang_probe_env(chunk_size: int) -> dict[str, str]:
     return {"SGLANG_ENABLE_LOGITS_PROCESSER_CHUNK": "1", "SGLANG_LOGITS_PROCESSER_CHUNK_SIZE": str(chunk_size)}
 
 
-def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
-    """The newest `global_step_N` folder per verl's tracker file (None when there is none)."""
-    tracker = checkpoint_dir / "latest_checkpointed_iteration.txt"
-    if not tracker.exists():
-        return None
-    step = int(tracker.read_text().strip())
-    path = checkpoint_dir / f"global_step_{step}"
-    return path if path.exists() else None
-
-
-def _retire_verl_checkpoints(checkpoint_dir: Path) -> None:
-    """After a successful merge the run is finished: delete verl's step folders and tracker,
-    so no later launch resumes it (the merged model is the output)."""
-    import shutil
-
-    for p in checkpoint_dir.glob("global_step_*"):
-        shutil.rmtree(p, ignore_errors=True)
-    (checkpoint_dir / "latest_checkpointed_iteration.txt").unlink(missing_ok=True)
-    log.info("retired verl checkpoints in %s (merged into the final model)", checkpoint_dir)
-
-
-def merge_checkpoint(step_dir: Path, target: Path, python: str | None = None) -> Path:
-    """Merge `step_dir/actor` (FSDP shards) into an HF folder `target` with verl.model_merger (atomic)."""
-    actor = step_dir / "actor"
-    if not actor.is_dir():
-        raise DataError("no actor/ folder in the checkpoint", path=step_dir)
-    with atomic_dir(target) as tmp:
-        cmd = [python or sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-               "--local_dir", str(actor), "--target_dir", str(tmp)]
-        log.info("merging %s -> %s", actor, target)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise MempoError(f"verl.model_merger failed (exit {proc.returncode}): {proc.stderr.strip()[-800:]}",
-                             path=actor)
-        tok_src = actor / "huggingface"
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-            if (tok_src / name).exists() and not (tmp / name).exists():
-                (tmp / name).write_bytes((tok_src / name).read_bytes())
-    return target
-
-
-# verl params that may change between a run and its resumption (the step budget, where the
-# cluster is, whether to merge, the MLflow experiment name).
-_VERL_RESUME_SAFE = frozenset({"total_epochs", "total_training_steps", "ray_address", "merge", "experiment_name",
-                               # launch checks and rollout-health limits: they stop a run, never change it
-                               "shared_dir", "preflight_timeout_s", "max_tool_failure_rate",
-                               "max_failed_session_rate", "min_health_samples"})
-
-
-def guard_verl_checkpoints(plan: VerlRunPlan, params: Any) -> Path | None:
-    """verl resumes (`resume_mode: auto`) from whatever is in `plan.checkpoint_dir`: make
-    sure that is this run's. The fingerprint covers the `verl`, `mempo`, `agent` params,
-    lambda_mem and the contents of the start policy, the data folder and the Hydra overlay;
-    the retriever counts by its URL (the launcher may not reach the service). A mismatch
-    moves verl's checkpoints aside (see `checkpoint.guard_run_dir`). Returns where, or None.
-    """
-    from mempo.training.checkpoint import HASH_CACHE_FILE, guard_run_dir, run_fingerprint
-
-    vp = params.verl
-    train = getattr(params, "train", None)
-    lambda_mem = vp.lambda_mem if vp.lambda_mem is not None else getattr(train, "lambda_mem", 1.0)
-    cmd = plan.command
-    overlay = Path(cmd[cmd.index("--config-path") + 1]) / f"{cmd[cmd.index('--config-name') + 1]}.yaml"
-    fingerprint = run_fingerprint(
-        {"verl": vp.model_dump(), "mempo": params.mempo.model_dump(), "agent": params.agent.model_dump(),
-         "lambda_mem": float(lambda_mem)},
-        {"policy": vp.policy, "data": vp.data, "config": overlay, "retriever": vp.retriever},
-        plan.out / "verl" / HASH_CACHE_FILE, probe_services=False, ignore=_VERL_RESUME_SAFE)
-    return guard_run_dir(plan.checkpoint_dir, fingerprint)
-
-
-def check_inputs(plan: VerlRunPlan, params: Any) -> None:
-    """DataError naming the missing input (policy folder, train/val parquet, tool config)."""
-    if not plan.tool_config.is_file():
-        raise ConfigError("no retrieval tool config beside the Hydra config (every node loads this copy)",
-                          path=plan.tool_config)
-    policy = Path(params.verl.policy)
-    if not (policy / "config.json").exists():
-        raise DataError("policy folder has no config.json (run `mempo train sft` or `mempo policy`)",
-                        path=policy, field="verl.policy")
-    for split in ("train", "val"):
-        f = Path(params.verl.data) / f"{split}.parquet"
-        if not f.exists():
-            raise DataError(f"no {split}.parquet (run `mempo data prepare`)", path=f, field="verl.data")
-
-
-def check_retriever(url: str, timeout_s: float) -> str:
-    """"" when `url` (a retrieval service URL) answers a search, else why not."""
-    from mempo.retrieval import open_retriever
-
-    try:
-        retriever = open_retriever(url, timeout_s=timeout_s, retries=0)
-        try:
-            retriever.search(["preflight reachability check"], topk=1)
-        finally:
-            getattr(retriever, "close", lambda: None)()
-    except Exception as e:  # noqa: BLE001 - any failure means "not reachable", reported as text
-        return f"{type(e).__name__}: {e}"
-    return ""
-
-
-def node_report(marker: str, retriever: str, timeout_s: float) -> dict[str, Any]:
-    """What one node sees (run there as a Ray task by `probe_ray_nodes`).
-
-    Returns {"node", "shared" (the marker file is visible), "mlflow" (MLFLOW_TRACKING_URI is
-    set; its value stays on the node), "retriever" ("" or the error)}.
-    """
-    import socket
-
-    return {"node": socket.gethostname(), "shared": os.path.exists(marker),
-            "mlflow": bool(os.environ.get("MLFLOW_TRACKING_URI")),
-            "retriever": check_retriever(retriever, timeout_s) if retriever.startswith(("http://", "https://")) else ""}
-
-
-def probe_ray_nodes(address: str, marker: str, retriever: str, timeout_s: float) -> list[dict[str, Any]]:
-    """`node_report` on every alive node of the Ray cluster at `address` ("" = a local one)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    ray.init(address=address or None, logging_level=logging.WARNING, log_to_driver=False,
-             include_dashboard=False if not address else None)
-    try:
-        report = ray.remote(num_cpus=0)(node_report)
-        refs = [report.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-            marker, retriever, timeout_s) for n in ray.nodes() if n.get("Alive")]
-        return list(ray.get(refs, timeout=3 * timeout_s + 120))
-    finally:
-        ray.shutdown()
-
-
-def preflight(plan: VerlRunPlan, params: Any, *, tracking_uri: str,
-              probe: Callable[[str, str, str, float], list[dict[str, Any]]] = probe_ray_nodes) -> dict[str, Any]:
-    """Refuse a launch that would burn GPU hours on a setup that cannot work (module docstring, 2).
-
-    Returns what was checked (recorded in launch.json); raises ConfigError naming the problem.
-    """
-    vp = params.verl
-    timeout = vp.preflight_timeout_s
-    report: dict[str, Any] = {"retriever": vp.retriever}
-    is_http = vp.retriever.startswith(("http://", "https://"))
-    if is_http:
-        why = check_retriever(vp.retriever, timeout)
-        if why:
-            raise ConfigError(f"the retriever does not answer from this node ({why}); start `mempo serve retriever` "
-                              "where every Ray node reaches it (rollouts would only see 'search failed')",
-                              field="verl.retriever")
-    elif not Path(vp.retriever).exists():
-        raise ConfigError("no such index folder or corpus file", path=vp.retriever, field="verl.retriever")
-    if vp.nnodes <= 1:
-        return report
-    if not is_http:
-        raise ConfigError("with nnodes > 1 the retriever must be a service URL (an index folder would be loaded "
-                          "on every node from that node's disk)", field="verl.retriever")
-    if not vp.shared_dir:
-        raise ConfigError("nnodes > 1 needs storage every node mounts: set verl.shared_dir (FSDP shards land "
-                          "on each rank's disk, and the merge reads them all)", field="verl.shared_dir")
-    shared = Path(vp.shared_dir).resolve()
-    for name in ("policy", "data", "out"):
-        path = Path(getattr(vp, name)).resolve()
-        if shared not in (path, *path.parents):
-            raise ConfigError(f"is not under verl.shared_dir {shared}: other nodes cannot read it",
-                              path=path, field=f"verl.{name}")
-    scheme = urlparse(tracking_uri).scheme
-    if scheme not in _SERVER_SCHEMES:
-        raise ConfigError(f"nnodes > 1 needs an MLflow tracking server (http/https), not a {scheme or 'file'} "
-                          "store that exists on one node only: set MLFLOW_TRACKING_URI", field="MLFLOW_TRACKING_URI")
-    report["shared_dir"] = str(shared)
-    if not vp.ray_address:
-        return report
-    marker = plan.out / "verl" / f".shared-probe-{uuid.uuid4().hex}"
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text("written by the launcher; every node must see it\n")
-    try:
-        nodes = probe(vp.ray_address, str(marker), vp.retriever, timeout)
-    finally:
-        marker.unlink(missing_ok=True)
-    problems = [f"{n['node']}: " + ", ".join(
-        p for p, bad in (("does not see " + str(plan.out), not n["shared"]), ("has no MLFLOW_TRACKING_URI", not n["mlflow"]),
-                         (f"cannot reach the retriever ({n['retriever']})", bool(n["retriever"]))) if bad)
-        for n in nodes if not n["shared"] or not n["mlflow"] or n["retriever"]]
-    if len(nodes) < vp.nnodes:
-        problems.append(f"the Ray cluster has {len(nodes)} alive node(s), nnodes is {vp.nnodes}")
-    if problems:
-        raise ConfigError("the Ray nodes are not ready: " + "; ".join(problems))
-    report["nodes"] = [n["node"] for n in nodes]
-    return report
-
 
 def launch_verl(params: Any, dry_run: bool = False, tracking: bool = True,
                 python: str | None = None) -> dict[str, Any]:
@@ -487,7 +306,7 @@ def _launch(params: Any, version: str, run_id: str | None, python: str | None) -
             raise DataError("training finished but wrote no checkpoint (set trainer.save_freq > 0)",
                             path=plan.checkpoint_dir)
         summary["model"] = str(merge_checkpoint(step, plan.model_dir))
-        _retire_verl_checkpoints(plan.checkpoint_dir)
+        retire_verl_checkpoints(plan.checkpoint_dir)
     write_json(plan.out / "verl" / "launch.json", {**summary, "overrides": plan.overrides})
     if proc.returncode != 0:
         raise MempoError(f"verl training exited with {proc.returncode} (resume_mode=auto continues from "

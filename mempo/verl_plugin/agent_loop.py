@@ -1,12 +1,14 @@
 """`mem_agent`: MemPO's turn loop as a verl 0.9 agent loop (one AgentLoopOutput per turn).
 
-Each turn the prompt is REBUILT from scratch by `mempo.agent.context.MemoryContext`: system
-prompt + question + the `<mem>` of the previous turn + the previous action with its
-(truncated) result. Nothing older. The model writes `<mem> ... </mem> <think> ... </think>`
-and one action; `<search>` / `<access>` go to the retrieval `BaseTool`
-(`mempo.verl_plugin.tool.RetrievalTool`), `<answer>` ends the episode, an invalid turn
-gets the corrective observation. Because every turn has its own prompt, `run()` returns a
-list with one `AgentLoopOutput` per turn (verl 0.9's multi-trajectory output); verl keys
+The turn rules are the local rollout's: each turn is digested by
+`mempo.agent.step.EpisodeSteps` (parse, mem mask, answer or tool call, turn limit), which
+`mempo.agent.rollout.run_episode` drives too; this module adds verl's I/O. Each turn the
+prompt is REBUILT from scratch by `mempo.agent.context.MemoryContext`: system prompt +
+question + the `<mem>` of the previous turn + the previous action with its (truncated)
+result. Nothing older. `<search>` / `<access>` go to the retrieval `BaseTool`
+(`mempo.verl_plugin.tool.RetrievalTool`), any closed `<answer>` ends the episode, an invalid
+turn gets the corrective observation. Because every turn has its own prompt, `run()` returns
+a list with one `AgentLoopOutput` per turn (verl 0.9's multi-trajectory output); verl keys
 them `{uid}_{session}_{turn}` and copies the final reward to every turn.
 
 Each output's `extra_fields` holds what the `mempo_sync` trainer needs:
@@ -14,16 +16,19 @@ Each output's `extra_fields` holds what the `mempo_sync` trainer needs:
 `mem_prob` / `mem_logprob` (P(a* | q, mem_t), from the rollout server, see
 `mempo.verl_plugin.memory_probe`) and, with eps=full_context, `full_prob` / `full_logprob`;
 and for the rollout-health check (`mempo.verl_plugin.health`) `tool_called` / `tool_ok`
-and `logprobs_filled`. The last output also carries `mempo_turn_texts` (every turn's response
-text) so the reward (`mempo.verl_plugin.reward.compute_score`) scores the format of the
-whole episode.
+and `logprobs_filled`. The last output also carries the episode's outcome, which verl hands
+to the reward function inside `extra_info` (`mempo.verl_plugin.reward.compute_score`, R^T
+without parsing any text): `mempo_final_answer`, `mempo_format_valid` and
+`mempo_termination` ("answer" | "turn_limit").
+
+An empty generation trains nothing (as in the local trainer), but a verl row needs one
+response token: it holds one EOS token with response_mask 0.
 
 Rollout log-probs: verl stacks `rollout_log_probs` only if EVERY row of a batch has them
 (one row without them breaks the batch), and a turn whose generation came back empty or
-aborted has none (the loop trains on one EOS token in its place). So when the rollout
-computes log-probs (`rollout.calculate_log_probs`), every turn carries exactly one per
-response token: the server's, and 0.0 for a token it did not produce, counted in
-`logprobs_filled`; when it does not, no turn carries any.
+aborted has none. So when the rollout computes log-probs (`rollout.calculate_log_probs`),
+every turn carries exactly one per response token: the server's, and 0.0 for a token it did
+not produce, counted in `logprobs_filled`; when it does not, no turn carries any.
 
 Selected per row by the parquet column `agent_name=mem_agent` (written by the data stage).
 Settings come from the Hydra `mempo:` section (configs/verl/mempo_trainer.yaml).
@@ -47,23 +52,17 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 
-from mempo.agent.context import FullContext, MemoryContext
-from mempo.agent.format import (
-    STOP_SEQUENCES,
-    USER_QUESTION_TEMPLATE,
-    ParsedTurn,
-    invalid_turn_observation,
-    parse_turn,
-    render_prompt,
-)
+from mempo.agent.context import MemoryContext
+from mempo.agent.format import STOP_SEQUENCES, USER_QUESTION_TEMPLATE, render_prompt
 from mempo.agent.generation import cut_at_stop
-from mempo.agent.masks import check_mem_mask, span_token_mask
+from mempo.agent.step import EpisodeSteps, full_context_messages
 from mempo.verl_plugin import AGENT_LOOP_NAME
 from mempo.verl_plugin.memory_probe import (
     answer_probability_from_server,
     full_context_probe,
     memory_probe,
 )
+from mempo.verl_plugin.reward import FINAL_ANSWER_KEY, FORMAT_VALID_KEY, TERMINATION_KEY
 from mempo.verl_plugin.tool import TOOL_NAME, RetrievalTool
 
 log = logging.getLogger(__name__)
@@ -176,42 +175,31 @@ class MemAgentLoop(AgentLoopBase):
             self.tool.bind_tokenizer(self.tokenizer)
         self.response_length = int(self.rollout_config.response_length)
 
-    async def _observe(self, instance_id: str | None, action: str, argument: str) -> tuple[str, str, dict]:
+    async def _observe(self, instance_id: str | None, action: str, argument: str) -> tuple[str, str | None, dict]:
+        """(observation, short form for an access else None, tool info) of one tool call."""
         if self.tool is None:
             raise RuntimeError(
                 "mem_agent has no retrieval tool: set actor_rollout_ref.rollout.multi_turn.tool_config_path "
                 "to configs/verl/retrieval_tool.yaml")
         resp, _, info = await self.tool.execute(instance_id, {"action": action, "query": argument})
         text = resp.text or ""
-        return text, str(info.get("short_observation") or text), dict(info)
+        short = str(info.get("short_observation") or text) if action == "access" else None
+        return text, short, dict(info)
 
     def _encode_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of one turn's prompt (chat template, capped at rollout.prompt_length)."""
         text = render_prompt(self.tokenizer, messages)
         return self._cap_text_prompt_length(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _digest_response(self, token_ids: list[int]) -> tuple[list[int], str, ParsedTurn, list[int]]:
-        """Cut the generated ids after the first stop string, parse the turn, mask its `<mem>`.
-
-        Returns (response ids, their text, the parsed turn, the mem mask over the ids).
-        """
-        response_ids, _, _ = cut_at_stop(token_ids, self.tokenizer, STOP_SEQUENCES)
-        response_ids = response_ids[: self.response_length]
-        if not response_ids:  # an empty generation still needs one token to train on
-            response_ids = [self.tokenizer.eos_token_id or 0]
-        text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
-        parsed = parse_turn(text)
-        mem_mask = span_token_mask(response_ids, self.tokenizer, parsed.mem_span)
-        if self.settings.check_masks and parsed.mem is not None:
-            check_mem_mask(response_ids, self.tokenizer, mem_mask, parsed.mem)
-        return response_ids, text, parsed, mem_mask
+    def _cut(self, token_ids: list[int]) -> list[int]:
+        """The generated ids up to the first stop string, at most rollout.response_length."""
+        return cut_at_stop(token_ids, self.tokenizer, STOP_SEQUENCES)[0][: self.response_length]
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         """Play one episode; returns one AgentLoopOutput per turn (see module docstring)."""
         question = question_of(kwargs)
         answer = gold_answer_of(kwargs)
-        memory_ctx = MemoryContext(question)
-        full_ctx = FullContext(question) if self.settings.eps == "full_context" else None
+        episode = EpisodeSteps(MemoryContext(question), self.settings.max_turns, self.settings.check_masks)
         params = dict(sampling_params)
         params["max_tokens"] = min(self.settings.max_new_tokens, self.response_length)
         params["stop"] = list(STOP_SEQUENCES)
@@ -222,75 +210,63 @@ class MemAgentLoop(AgentLoopBase):
         loop = asyncio.get_running_loop()
 
         outputs: list[AgentLoopOutput] = []
-        memories: list[str | None] = []
-        full_messages: list[list[dict[str, str]]] = []
-        turn_texts: list[str] = []
         instance_id = None
         if self.tool is not None:
             instance_id, _ = await self.tool.create()
         try:
-            for turn in range(self.settings.max_turns):
+            while not episode.finished:
                 # tokenising and the mask bookkeeping are CPU work (~ms per turn): run them in
                 # a worker thread so the event loop keeps serving the other episodes
-                messages = memory_ctx.messages()
-                prompt_ids = await loop.run_in_executor(None, self._encode_prompt, messages)
+                prompt_ids = await loop.run_in_executor(None, self._encode_prompt, episode.messages())
                 t0 = time.monotonic()
                 generated = await self.server_manager.generate(
                     request_id=request_id, prompt_ids=prompt_ids, sampling_params=params)
                 gen_s = time.monotonic() - t0
-                response_ids, text, parsed, mem_mask = await loop.run_in_executor(
-                    None, self._digest_response, list(generated.token_ids))
+                step = await loop.run_in_executor(
+                    None, lambda ids=list(generated.token_ids): episode.take(self._cut(ids), self.tokenizer))
+                tool_s, tool_info = 0.0, {}
+                if step.request is not None:
+                    t1 = time.monotonic()
+                    observation, short, tool_info = await self._observe(
+                        instance_id, step.request.action, step.request.argument)
+                    tool_s = time.monotonic() - t1
+                    episode.observe(observation, short)
+                # a verl row needs one response token: an empty generation holds one EOS that
+                # is not trained (response_mask 0), as the local trainer trains nothing of it
+                response_ids = step.response_ids or [self.tokenizer.eos_token_id or 0]
+                trained = 1 if step.response_ids else 0
                 logprobs, filled = align_logprobs(
                     generated.log_probs, len(response_ids),
                     bool(getattr(self.rollout_config, "calculate_log_probs", False)))
-
-                done = parsed.valid and parsed.action == "answer"
-                observation = short = None
-                tool_s, tool_info = 0.0, {}
-                tool_called = False
-                if not done:
-                    if parsed.valid and parsed.action in ("search", "access"):
-                        tool_called = True
-                        t1 = time.monotonic()
-                        observation, short, tool_info = await self._observe(
-                            instance_id, parsed.action, parsed.argument or "")
-                        tool_s = time.monotonic() - t1
-                    else:
-                        observation = short = invalid_turn_observation(parsed.error)
-                if full_ctx is not None:
-                    # what a full-history policy would have seen at this turn (as the local
-                    # trainer's `mempo.agent.rollout.full_context_messages`)
-                    full_messages.append(full_ctx.messages())
-                    full_ctx.record_turn(text, parsed, observation, short)
-                memory_ctx.record_turn(text, parsed, observation, short)
-                memories.append(parsed.mem)
-                turn_texts.append(text)
-
                 extra = dict(generated.extra_fields or {})
                 extra.update(
-                    turn_index=turn, mem_mask=mem_mask, memory=parsed.mem or "",
-                    turn_valid=bool(parsed.valid), action=parsed.action or "",
-                    tool_called=tool_called, tool_ok=bool(tool_info.get("ok", True)), logprobs_filled=filled,
+                    turn_index=step.turn_index, mem_mask=step.mem_mask or [0] * len(response_ids),
+                    memory=step.parsed.mem or "", turn_valid=bool(step.parsed.valid),
+                    action=step.parsed.action or "", tool_called=step.request is not None,
+                    tool_ok=bool(tool_info.get("ok", True)), logprobs_filled=filled,
                 )
                 outputs.append(AgentLoopOutput(
                     prompt_ids=prompt_ids,
                     response_ids=response_ids,
-                    response_mask=[1] * len(response_ids),
+                    response_mask=[trained] * len(response_ids),
                     response_logprobs=logprobs,
                     num_turns=2,
                     metrics={"generate_sequences": gen_s, "tool_calls": tool_s},
                     extra_fields=extra,
                 ))
-                if done:
-                    break
         finally:
             if self.tool is not None and instance_id is not None:
                 await self.tool.release(instance_id)
 
+        full_messages = ([full_context_messages(question, episode.turns[:t]) for t in range(len(episode.turns))]
+                         if self.settings.eps == "full_context" else [])
+        memories = [t.parsed.mem for t in episode.turns]
         await self._score_memories(outputs, question, answer, memories, full_messages, request_id)
         for out in outputs:  # verl's num_turns metric: chat turns of the whole episode
             out.num_turns = 2 * len(outputs)
-        outputs[-1].extra_fields["mempo_turn_texts"] = turn_texts
+        outputs[-1].extra_fields.update({
+            FINAL_ANSWER_KEY: episode.final_answer, FORMAT_VALID_KEY: episode.format_valid,
+            TERMINATION_KEY: episode.termination})
         return outputs
 
     async def _score_memories(

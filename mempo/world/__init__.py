@@ -5,6 +5,7 @@
 See `mempo.world.generate.generate_world` for the layout it writes.
 """
 
-from mempo.world.generate import SIZES, WorldSpec, generate_world
+from mempo.world.entities import SIZES, WorldSpec
+from mempo.world.generate import generate_world
 
 __all__ = ["SIZES", "WorldSpec", "generate_world"]
