@@ -462,3 +462,17 @@ def test_dag_pods_that_call_the_retriever_get_the_token(monkeypatch) -> None:
         assert mine and not mine[0].optional
     finally:
         sys.modules.pop("mempo_dag_common", None)
+
+
+def test_an_idle_keep_alive_connection_outlives_the_clients_pool_expiry(world_retriever) -> None:
+    """A pooled connection idle for longer than httpx's keep-alive expiry (5 s) is still open
+    on the server, so a client never reuses one the server is closing (uvicorn's default
+    closed it at 5 s too: a reset the default run's SFT stage died on)."""
+    request = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+    with BackgroundServer(create_app(world_retriever)) as srv, socket.create_connection(
+            ("127.0.0.1", srv.port), timeout=10) as conn:
+        conn.sendall(request)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(httpx.Limits().keepalive_expiry + 1.0)
+        conn.sendall(request)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200")  # b"" once the server has closed it

@@ -24,11 +24,22 @@ from mempo.retrieval.server import create_app
 log = logging.getLogger(__name__)
 
 
+# An idle keep-alive connection is closed after this long. uvicorn's default (5 s) equals
+# httpx's client-side expiry, so a pooled connection could be reused just as the server
+# closed it (the default run's SFT stage died on that reset): rollout workers search, then
+# generate for seconds, then search again. Longer than any client's expiry, the client
+# always drops an idle connection first.
+KEEP_ALIVE_S = 30
+
+
 def _uvicorn_kwargs(app: Any) -> dict[str, Any]:
     limits: ServiceLimits | None = getattr(getattr(app, "state", None), "limits", None)
+    kw: dict[str, Any] = {"timeout_keep_alive": KEEP_ALIVE_S}
     # uvicorn answers 503 itself past this many open connections: each one may hold a body
     # of up to max_body_bytes, so this bounds the memory that waiting bodies take.
-    return {"limit_concurrency": limits.max_connections} if limits is not None else {}
+    if limits is not None:
+        kw["limit_concurrency"] = limits.max_connections
+    return kw
 
 
 class BackgroundServer:
