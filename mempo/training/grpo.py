@@ -164,38 +164,30 @@ def merge_turn_samples(samples: Sequence[TurnSample]) -> list[TurnSample]:
     episode of T turns is one forward pass instead of T over growing prefixes. Memory-context
     records never extend each other and come back as they are.
     """
-    out: list[TurnSample] = []
-    run: list[TurnSample] = []
+    from mempo.training.prefix import chained_runs
 
-    def flush() -> None:
+    def extends(prev: TurnSample, smp: TurnSample) -> bool:
+        n = len(prev.prompt_ids)
+        return (smp.episode == prev.episode and smp.weight == prev.weight and smp.loss_mask is None
+                and len(smp.prompt_ids) >= n + len(prev.response_ids)
+                and smp.prompt_ids[:n] == prev.prompt_ids
+                and smp.prompt_ids[n:n + len(prev.response_ids)] == prev.response_ids)
+
+    out: list[TurnSample] = []
+    for run in chained_runs(samples, extends):
         if len(run) == 1:
             out.append(run[0])
-        elif run:
-            first, last = run[0], run[-1]
-            seq = last.prompt_ids + last.response_ids
-            n0 = len(first.prompt_ids)
-            adv = [0.0] * (len(seq) - n0)
-            mask = [0.0] * (len(seq) - n0)
-            for smp in run:
-                a = len(smp.prompt_ids) - n0
-                adv[a:a + len(smp.response_ids)] = smp.advantages
-                mask[a:a + len(smp.response_ids)] = [1.0] * len(smp.response_ids)
-            out.append(TurnSample(first.episode, list(first.prompt_ids), seq[n0:], adv, first.weight,
-                                  loss_mask=mask))
-        run.clear()
-
-    for smp in samples:
-        prev = run[-1] if run else None
-        if prev is None or not (
-            smp.episode == prev.episode and smp.weight == prev.weight and smp.loss_mask is None
-            and len(smp.prompt_ids) >= len(prev.prompt_ids) + len(prev.response_ids)
-            and smp.prompt_ids[:len(prev.prompt_ids)] == prev.prompt_ids
-            and smp.prompt_ids[len(prev.prompt_ids):len(prev.prompt_ids) + len(prev.response_ids)]
-            == prev.response_ids
-        ):
-            flush()
-        run.append(smp)
-    flush()
+            continue
+        first, last = run[0], run[-1]
+        seq = last.prompt_ids + last.response_ids
+        n0 = len(first.prompt_ids)
+        adv = [0.0] * (len(seq) - n0)
+        mask = [0.0] * (len(seq) - n0)
+        for smp in run:
+            a = len(smp.prompt_ids) - n0
+            adv[a:a + len(smp.response_ids)] = smp.advantages
+            mask[a:a + len(smp.response_ids)] = [1.0] * len(smp.response_ids)
+        out.append(TurnSample(first.episode, list(first.prompt_ids), seq[n0:], adv, first.weight, loss_mask=mask))
     return out
 
 

@@ -195,26 +195,17 @@ def merge_prefix_turns(samples: Sequence[TokenizedSample], max_tokens: int | Non
     starts a new sample. Memory-context turns never extend each other (the memory replaces
     the history), so they come back as they are.
     """
-    out: list[TokenizedSample] = []
-    run: list[TokenizedSample] = []
+    from mempo.training.prefix import chained_runs
 
-    def flush() -> None:
-        if not run:
-            return
+    def extends(prev: TokenizedSample, smp: TokenizedSample) -> bool:
+        return (len(smp.input_ids) > len(prev.input_ids) and smp.input_ids[:len(prev.input_ids)] == prev.input_ids
+                and (max_tokens is None or len(smp.input_ids) <= max_tokens))
+
+    out: list[TokenizedSample] = []
+    for run in chained_runs(samples, extends):
         last = run[-1]
         spans = tuple(sp for smp in run for sp in smp.loss_spans())
         out.append(last if len(run) == 1 else TokenizedSample(last.input_ids, last.n_prompt, last.prompt_lm, spans))
-        run.clear()
-
-    for smp in samples:
-        prev = run[-1] if run else None
-        extends = (prev is not None and len(smp.input_ids) > len(prev.input_ids)
-                   and smp.input_ids[:len(prev.input_ids)] == prev.input_ids
-                   and (max_tokens is None or len(smp.input_ids) <= max_tokens))
-        if not extends:
-            flush()
-        run.append(smp)
-    flush()
     return out
 
 
