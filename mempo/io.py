@@ -306,3 +306,21 @@ def iter_jsonl(
                 yield lineno, obj
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise DataError(f"cannot read: {e}", path=path) from e
+
+
+def flatten_numbers(obj: Any, prefix: str = "") -> dict[str, float]:
+    """The numeric leaves of nested mappings as floats, keys joined with "/" (bools count as
+    0/1; strings, lists and None are skipped): `{"a": {"b": 1}}` -> `{"a/b": 1.0}`."""
+    from collections.abc import Mapping
+
+    flat: dict[str, float] = {}
+
+    def walk(key: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(f"{key}/{k}" if key else str(k), v)
+        elif isinstance(value, bool | int | float):
+            flat[key] = float(value)
+
+    walk(prefix, obj)
+    return flat

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mempo.errors import DataError
+from mempo.io import flatten_numbers
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -42,18 +43,7 @@ def read_metrics_file(path: str | Path) -> dict[str, float]:
         raise DataError(f"not valid JSON: {e.msg}", path=p, row=e.lineno) from e
     if not isinstance(raw, dict):
         raise DataError("expected a JSON object of metrics", path=p)
-    flat: dict[str, float] = {}
-
-    def walk(prefix: str, obj: Any) -> None:
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(f"{prefix}/{k}" if prefix else str(k), v)
-        elif isinstance(obj, bool):
-            flat[prefix] = float(obj)
-        elif isinstance(obj, int | float):
-            flat[prefix] = float(obj)
-
-    walk("", raw)
+    flat = flatten_numbers(raw)
     if not flat:
         raise DataError("no numeric metrics in the file", path=p)
     return flat

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mempo.errors import MempoError
+from mempo.io import flatten_numbers
 from mempo.tracking.runs import active_run_id
 
 
@@ -25,18 +26,7 @@ def log_metrics(metrics: Mapping[str, Any], step: int | None = None, prefix: str
 
     Returns what was logged. A no-op without an active run or with tracking off.
     """
-    flat: dict[str, float] = {}
-
-    def walk(key: str, value: Any) -> None:
-        if isinstance(value, Mapping):
-            for k, v in value.items():
-                walk(f"{key}/{k}" if key else str(k), v)
-        elif isinstance(value, bool):
-            flat[key] = float(value)
-        elif isinstance(value, int | float):
-            flat[key] = float(value)
-
-    walk(prefix.rstrip("/"), metrics)
+    flat = flatten_numbers(metrics, prefix.rstrip("/"))
     if not flat or active_run_id() is None:
         return flat
     import mlflow
