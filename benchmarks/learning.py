@@ -125,27 +125,29 @@ def prepare_inputs(a: argparse.Namespace) -> dict[str, Path]:
     if not (world / "manifest.json").exists():
         generate_world(world, size=p0.world.size, seed=p0.world.seed)
     corpus = world / "corpus.jsonl"
-    if not (data / "train.parquet").exists():
-        prepare_data(_params({
+    if not (data / "sft.parquet").exists():  # the RL split and the SFT teacher's tasks
+        pd = _params({
             "data.sources": [{"name": "world", "path": str(world / "qa" / "train.jsonl"), "split": "train"},
                              {"name": "world", "path": str(world / "qa" / "val.jsonl"), "split": "val"}],
-            "data.eval_sets": [str(world / "qa" / "test.jsonl")], "data.out": str(data), "data.gate": False}).data)
+            "data.eval_sets": [str(world / "qa" / "test.jsonl")], "data.out": str(data), "data.gate": False,
+            "sft.world": str(world)})
+        prepare_data(pd.data, sft=pd.sft)
     if not (policy / "config.json").exists():
         bootstrap_policy(_params({"policy.out": str(policy), "policy.corpus": str(corpus),
                                   "policy.questions": [str(world / "qa" / "train.jsonl")]}).policy)
     if not (teach / "train_episodes.jsonl").exists():
-        _teacher_episodes(world, corpus, policy, teach)
+        _teacher_episodes(world, data, corpus, policy, teach)
     return {"world": world, "corpus": corpus, "data": data, "policy": policy, "teacher": teach}
 
 
-def _teacher_episodes(world: Path, corpus: Path, policy: Path, out: Path) -> None:
+def _teacher_episodes(world: Path, data: Path, corpus: Path, policy: Path, out: Path) -> None:
     from mempo.retrieval import open_retriever
     from mempo.training.runtime import load_policy
     from mempo.training.sft_data import teacher_records, write_episode_records
 
     _, tok = load_policy(policy, "cpu")
     with open_retriever(str(corpus)) as retriever:
-        tr, va, stats = teacher_records(_params({"sft.world": str(world)}), tok, retriever)
+        tr, va, stats = teacher_records(_params({"sft.world": str(world), "data.out": str(data)}), tok, retriever)
     write_episode_records(out, tr, va)
     print(f"teacher: {stats['correct']}/{stats['episodes']} episodes correct", flush=True)
 

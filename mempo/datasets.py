@@ -3,7 +3,7 @@
 - Corpus (wiki-18 / Search-R1): `.jsonl` or `.jsonl.gz`, one `{"id": str, "contents":
   "Title\\ntext"}` a line. Streamed: wiki-18 has 21M lines and is never loaded whole.
 - QA sets (FlashRAG): `.jsonl`, one `{"id", "question", "golden_answers": [str, ...],
-  "metadata": {...}}` a line.
+  "metadata": {...}}` a line, read into `mempo.tasks.Task`s.
 
 A malformed line raises `DataError` naming the file, line and field; `skip_bad=True` skips
 and counts such lines instead (see `ReadStats`).
@@ -12,12 +12,13 @@ and counts such lines instead (see `ReadStats`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mempo.errors import DataError
 from mempo.io import ReadStats, iter_jsonl
+from mempo.tasks import Task, task_from_parts
 
 
 def title_of(contents: str) -> str:
@@ -50,24 +51,6 @@ class Passage:
         return {"id": self.id, "contents": self.contents}
 
 
-@dataclass
-class QAItem:
-    """One question in the FlashRAG format."""
-
-    id: str
-    question: str
-    golden_answers: list[str]
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "question": self.question,
-            "golden_answers": list(self.golden_answers),
-            "metadata": self.metadata,
-        }
-
-
 def _id_field(obj: dict[str, Any], path: Path, lineno: int) -> str:
     if "id" not in obj:
         raise DataError("missing required field", path=path, row=lineno, field="id")
@@ -98,8 +81,9 @@ def passage_from_obj(obj: dict[str, Any], path: Path, lineno: int) -> Passage:
     return Passage(pid, contents)
 
 
-def qa_from_obj(obj: dict[str, Any], path: Path, lineno: int) -> QAItem:
-    """Validate one FlashRAG QA object; raises `DataError` naming file, line and field."""
+def qa_from_obj(obj: dict[str, Any], path: Path, lineno: int) -> Task:
+    """Validate one FlashRAG QA object into a `Task` (its objectives and hop chains parsed
+    here, once); raises `DataError` naming file, line and field."""
     qid = _id_field(obj, path, lineno)
     q = obj.get("question")
     if q is None:
@@ -137,7 +121,7 @@ def qa_from_obj(obj: dict[str, Any], path: Path, lineno: int) -> QAItem:
         raise DataError(
             f"must be an object, got {type(meta).__name__}", path=path, row=lineno, field="metadata"
         )
-    return QAItem(qid, q, clean, meta)
+    return task_from_parts(qid, q, clean, meta, path, lineno)
 
 
 def _validated(
@@ -164,8 +148,8 @@ def iter_corpus(
 
 def load_qa(
     path: str | Path, *, skip_bad: bool = False, stats: ReadStats | None = None
-) -> list[QAItem]:
-    """Load a FlashRAG-format QA file. An empty file is an error (nothing to train or test on)."""
+) -> list[Task]:
+    """Load a FlashRAG-format QA file as `Task`s. An empty file is an error (nothing to train or test on)."""
     items = list(_validated(path, qa_from_obj, skip_bad, stats))
     if not items:
         raise DataError("no questions in file (empty or every line skipped)", path=path)

@@ -260,14 +260,9 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
     retriever = TorchFlatRetriever(passages, encoder, device)
 
     # SFT: the scripted teacher's correct episodes, then optimiser steps with the SFT loss
-    from mempo.training.sft import (
-        collate,
-        make_optimizer,
-        render_episode,
-        token_loss,
-        tokenize_samples,
-    )
-    from mempo.training.sft_data import sft_tasks, teacher_episodes
+    from mempo.data.sft_split import sft_tasks
+    from mempo.training.sft import collate, make_optimizer, token_loss, tokenize_samples
+    from mempo.training.sft_data import render_episode, teacher_episodes
 
     tasks = sft_tasks(work / "world", "train", None, 32 if quick else 128, [], 0, 0)
     records, teacher = teacher_episodes(tasks, retriever, tok, agent, mp.multi_rule)

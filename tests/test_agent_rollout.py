@@ -58,7 +58,7 @@ def test_teacher_solves_world_tasks_in_both_contexts(world):
     for em, ef, item in zip(mem, full, sample, strict=True):
         assert em.outcome_reward() == 1.0 and ef.outcome_reward() == 1.0, em.to_dict()
         assert em.format_valid and not em.hit_turn_limit
-        assert em.num_turns == len(item.metadata["chain"]) + 1  # one search per hop, then answer
+        assert em.num_turns == len(item.objectives[0].chain) + 1  # one search per hop, then answer
         _check_records(em, tok)
         _check_records(ef, tok)
         # same trajectory, different contexts: the full history is never shorter
@@ -66,9 +66,9 @@ def test_teacher_solves_world_tasks_in_both_contexts(world):
         assert all(a <= b for a, b in zip(em.prompt_tokens, ef.prompt_tokens, strict=True))
         # the memory grows with exactly the facts found so far
         assert em.turns[0].memory == NO_FACTS_YET
-        for k, hop in enumerate(item.metadata["chain"]):
-            assert hop["value"] in em.turns[k + 1].memory
-            assert hop["value"] in (em.turns[k].observation or "")
+        for k, hop in enumerate(item.objectives[0].chain):
+            assert hop.value in em.turns[k + 1].memory
+            assert hop.value in (em.turns[k].observation or "")
         # the first-turn prompt is what the data stage writes: the question only
         assert em.turns[0].prompt_ids == tok.encode(render_prompt(tok, full_context_messages(em, 0)),
                                                     add_special_tokens=False)
@@ -84,15 +84,15 @@ def test_teacher_multi_objective_tasks(world):
     for ep, task in zip(eps, tasks, strict=True):
         assert ep.outcome_reward() == 1.0
         assert len(parse_turn(ep.turns[-1].response_text).argument.split(";")) == 3
-        hops = sum(len(o["metadata"]["chain"]) for o in task.metadata["objectives"])
+        hops = sum(len(o.chain) for o in task.objectives)
         assert ep.num_turns == hops + 1
         # finished objectives are kept as their answers only, listed as the final answer lists them
-        objs = task.metadata["objectives"]
+        objs = task.objectives
         final = parse_turn(ep.turns[-1].response_text).argument
         assert ep.turns[-1].memory == f"Answers: {final}."
         # the objective in progress is named in the memory, copied from the task's question
-        assert ep.turns[0].memory == f"Now: {objs[0]['question']}"
-        assert f"Now: {objs[2]['question']}" in ep.turns[-2].memory and objs[2]["question"] in task.question
+        assert ep.turns[0].memory == f"Now: {objs[0].question}"
+        assert f"Now: {objs[2].question}" in ep.turns[-2].memory and objs[2].question in task.question
         assert "Now:" not in ep.turns[-1].memory  # all done: only the answers
         # and its memory never drops an answer it has stored
         assert not episode_forgot(ep.objectives, [MemoryStep(t.memory, t.observation) for t in ep.turns])
@@ -121,8 +121,8 @@ def test_teacher_falls_back_to_access_and_access_chunks(world, tiny_world):
     reader = ArticleReader()
     import asyncio
 
-    first, short = asyncio.run(env.access(item.metadata["chain"][0]["entity"], reader))
-    second, _ = asyncio.run(env.access(item.metadata["chain"][0]["entity"], reader))
+    first, short = asyncio.run(env.access(item.objectives[0].chain[0].entity, reader))
+    second, _ = asyncio.run(env.access(item.objectives[0].chain[0].entity, reader))
     assert "[chunk 1/" in first and "[chunk 2/" in second and len(short) < len(first) + 200
     missing, _ = asyncio.run(env.access("No Such Article", ArticleReader()))
     assert "No article found" in missing

@@ -65,20 +65,19 @@ def test_round_trip_through_the_trainers_loader_keeps_questions_and_answers(
     out, _ = prepared
     source = {q.id: q for q in load_qa(tiny_world / "qa/train.jsonl")}
     tasks = load_prepared(out / "train.parquet")
-    assert {t.k for t in tasks} == {1, 2}
-    for t in tasks:
+    assert {t.task.k for t in tasks} == {1, 2}
+    for t in (p.task for p in tasks):
         originals = [source[i] for i in t.source_ids]
-        assert [o["question"] for o in t.objectives] == [q.question for q in originals]
-        assert [o["golden_answers"] for o in t.objectives] == [q.golden_answers for q in originals]
+        assert [o.question for o in t.objectives] == [q.question for q in originals]
+        assert [o.answers for o in t.objectives] == [q.golden_answers for q in originals]
         if t.k == 1:
             assert t.question == originals[0].question
             assert t.golden_answers == originals[0].golden_answers
         else:
             assert t.question == "; ".join(q.question for q in originals)
-            assert t.golden_answers == ["; ".join(q.golden_answers[0] for q in originals)]
+            assert list(t.golden_answers) == ["; ".join(q.golden_answers[0] for q in originals)]
         assert all(source[i].metadata["part"] == "rl" for i in t.source_ids)
-        item = t.to_qa_item()
-        assert item.question == t.question and len(item.metadata["objectives"]) == t.k
+        assert [o.chain for o in t.objectives] == [q.objectives[0].chain for q in originals]  # chains kept
 
 
 def test_same_seed_same_bytes_other_seed_other_order(tiny_world: Path, tmp_path: Path) -> None:
@@ -86,8 +85,8 @@ def test_same_seed_same_bytes_other_seed_other_order(tiny_world: Path, tmp_path:
     b = prepare_data(_world_params(tiny_world, tmp_path / "b", seed=3, gate=False))
     c = prepare_data(_world_params(tiny_world, tmp_path / "c", seed=4, gate=False))
     assert sha256_file(Path(a.out) / "train.parquet") == sha256_file(Path(b.out) / "train.parquet")
-    ids = [t.id for t in load_prepared(Path(a.out) / "train.parquet")]
-    other = [t.id for t in load_prepared(Path(c.out) / "train.parquet")]
+    ids = [t.task.id for t in load_prepared(Path(a.out) / "train.parquet")]
+    other = [t.task.id for t in load_prepared(Path(c.out) / "train.parquet")]
     assert ids != other and a.rows == c.rows
 
 
@@ -117,7 +116,7 @@ def test_dedup_val_overlap_and_leakage_drop_are_counted(tmp_path: Path) -> None:
     result = prepare_data(params, ValidateParams(out=str(tmp_path / "v")))
     assert result.summary["dropped"] == {"train_duplicate": 1, "train_eval_leak": 1, "train_in_val": 1}
     assert result.summary["dropped_examples"]["train_eval_leak"] == ["toy:t4"]
-    kept = sorted(s for t in load_prepared(tmp_path / "out/train.parquet") for s in t.source_ids)
+    kept = sorted(s for t in load_prepared(tmp_path / "out/train.parquet") for s in t.task.source_ids)
     assert kept == ["t1", "t5", "t6"]
     assert result.rows == {"train": 3, "val": 2}
 
@@ -139,7 +138,7 @@ def test_leakage_fail_stops_the_stage_and_names_the_question(tiny_world: Path, t
 def test_k_objective_mix_up_to_sixteen(tiny_world: Path, tmp_path: Path) -> None:
     params = _world_params(tiny_world, tmp_path / "out", compositions=[Composition(k=16, share=1.0)], gate=False)
     result = prepare_data(params)
-    tasks = load_prepared(tmp_path / "out/train.parquet")
+    tasks = [p.task for p in load_prepared(tmp_path / "out/train.parquet")]
     assert tasks and all(t.k == 16 and len(t.objectives) == 16 for t in tasks)
     assert result.summary["splits"]["train"]["by_k"] == {"16": len(tasks)}
     assert all(len(set(t.source_ids)) == 16 for t in tasks)

@@ -54,7 +54,7 @@ def test_standard_benchmark_loads_from_a_flashrag_file_with_limit(tiny_world: Pa
                          for i in range(5)))
     items = load_benchmark("bamboogle", {**_paths(tiny_world), "bamboogle": str(f)}, limit=3)
     assert [it.id for it in items] == ["0", "1", "2"]
-    assert items[2].golden_answers == ["a2"]
+    assert list(items[2].golden_answers) == ["a2"]
 
 
 def test_custom_named_benchmark(tiny_world: Path) -> None:
@@ -69,10 +69,10 @@ def test_world_k_composes_k_objective_tasks_deterministically(tiny_world: Path) 
     assert [t.to_dict() for t in a] == [t.to_dict() for t in b]
     assert len(a) == 5
     for task in a:
-        objs = task.metadata["objectives"]
+        objs = task.objectives
         assert len(objs) == 4 and task.metadata["k"] == 4
-        assert task.question == "; ".join(o["question"] for o in objs)
-        assert task.golden_answers == ["; ".join(o["golden_answers"][0] for o in objs)]
+        assert task.question == "; ".join(o.question for o in objs)
+        assert list(task.golden_answers) == ["; ".join(o.answers[0] for o in objs)]
     # The plain `world` benchmark is the test split in file order.
     world = load_benchmark("world", paths, limit=3)
     assert [q.id for q in world] == ["world-test-00000", "world-test-00001", "world-test-00002"]

@@ -123,8 +123,7 @@ def test_answer_scores_by_hand() -> None:
     assert answer_scores(None, ["x"])["em"] == 0.0
     # A plain gold answer containing ";" stays one objective.
     assert answer_scores("a; b", ["a; b"])["em"] == 1.0
-    meta = {"objectives": [{"question": "q1", "golden_answers": ["Paris"]},
-                           {"question": "q2", "golden_answers": ["1900", "nineteen hundred"]}]}
+    meta = [["Paris"], ["1900", "nineteen hundred"]]  # the objectives' answer lists
     s = answer_scores("Paris; 1901", ["Paris; 1900"], meta)
     assert (s["em"], s["objective_em"], s["all_correct"], s["substring_em"]) == (0.0, 0.5, 0.0, 0.0)
     assert s["f1"] == 0.5   # paris 1901 vs paris 1900: 1 common of 2 and 2

@@ -145,7 +145,7 @@ def test_tiny_tokenizer_max_token_chars_splits_names_into_short_pieces(tiny_worl
     from mempo.datasets import load_qa
     from mempo.policy import TinyPolicySpec, bootstrap_tiny
 
-    names = [h["entity"] for q in load_qa(tiny_world / "qa" / "test.jsonl") for h in q.metadata["chain"]]
+    names = [h.entity for q in load_qa(tiny_world / "qa" / "test.jsonl") for h in q.objectives[0].chain]
     lengths = {}
     for limit in (0, 5):
         out = tmp_path / f"t{limit}"

@@ -30,7 +30,8 @@ def test_merged_full_history_turn_records_give_the_same_policy_gradient(setup: d
     from mempo.config import load_params
     from mempo.training.grpo import TurnSample, merge_turn_samples, update_policy
     from mempo.training.runtime import load_policy
-    from mempo.training.sft import load_sft_samples, tokenize_samples
+    from mempo.training.sft import tokenize_samples
+    from mempo.training.sft_data import load_sft_samples
 
     model, tok = load_policy(setup["sft"] / "model", "cpu", "float32")
     turns = tokenize_samples(load_sft_samples(setup["sft"] / "trajectories" / "train_episodes.jsonl", "full")[:40],
@@ -66,14 +67,8 @@ def test_full_history_turns_merge_into_one_sample_with_the_same_loss_per_respons
     import torch
 
     from mempo.training.runtime import load_policy
-    from mempo.training.sft import (
-        TokenizedSample,
-        collate,
-        load_sft_samples,
-        merge_prefix_turns,
-        token_loss,
-        tokenize_samples,
-    )
+    from mempo.training.sft import TokenizedSample, collate, merge_prefix_turns, token_loss, tokenize_samples
+    from mempo.training.sft_data import load_sft_samples
 
     labels = collate([TokenizedSample([5, 6, 7, 8, 9, 10], 6, None, ((1, 3), (4, 6)))], pad_id=0)["labels"]
     assert labels.tolist() == [[-100, 6, 7, -100, 9, 10]]
@@ -101,6 +96,7 @@ def setup(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     """Tiny policy -> a short SFT -> prepared parquet (rl part) for GRPO."""
     from mempo.config import load_params
     from mempo.data.schema import to_verl_row, write_prepared
+    from mempo.data.sft_split import write_sft_split
     from mempo.datasets import load_qa
     from mempo.policy import TinyPolicySpec, bootstrap_tiny
     from mempo.training.sft import run_sft
@@ -113,10 +109,11 @@ def setup(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "sft.policy": str(root / "policy"), "sft.world": str(tiny_world), "sft.retriever": corpus,
         "sft.out": str(root / "sft"), "sft.max_questions": 40, "sft.multi_tasks": 4,
         "sft.val_questions": 8, "sft.max_steps": 12, "sft.batch_size": 8, "sft.eval_every": 6,
-        "sft.checkpoint_every": 100, "sft.warmup_steps": 2,
+        "sft.checkpoint_every": 100, "sft.warmup_steps": 2, "data.out": str(root / "prepared"),
     })
+    write_sft_split(params.sft, root / "prepared")  # the data stage's SFT tasks
     metrics = run_sft(params, tracking=False)
-    train = [q for q in load_qa(tiny_world / "qa" / "train.jsonl") if q.metadata.get("part") == "rl"]
+    train = [q for q in load_qa(tiny_world / "qa" / "train.jsonl") if q.part == "rl"]
     val = load_qa(tiny_world / "qa" / "val.jsonl")
     write_prepared([to_verl_row(q, data_source="world", split="train", index=i) for i, q in enumerate(train)],
                    root / "data" / "train.parquet")
@@ -213,7 +210,8 @@ def test_full_history_baseline_learns_from_the_same_teacher_episodes_and_trains_
     from mempo.config import load_params
     from mempo.errors import ConfigError
     from mempo.training.grpo import run_grpo
-    from mempo.training.sft import load_sft_samples, run_sft
+    from mempo.training.sft import run_sft
+    from mempo.training.sft_data import load_sft_samples
 
     traj = setup["sft"] / "trajectories"
     mem = load_sft_samples(traj / "train_episodes.jsonl", "memory")
@@ -360,14 +358,14 @@ def test_smollm2_three_grpo_steps(setup: dict[str, Path], tmp_path: Path) -> Non
 def test_rename_entities_replaces_chain_names_consistently_and_keeps_generic_words() -> None:
     import random
 
-    from mempo.datasets import QAItem
+    from mempo.tasks import Hop, single_task
     from mempo.training.sft import SFTSample
     from mempo.training.sft_data import rename_entities
 
-    chain = [{"entity": "Kuvshil Brailteix", "relation": "works_for", "value": "Khailkheind Textiles", "doc_id": "1"},
-             {"entity": "Khailkheind Textiles", "relation": "founded_by", "value": "Gian Gourlio", "doc_id": "2"}]
-    item = QAItem("q1", "Who founded the company that Kuvshil Brailteix works for?", ["Gian Gourlio"],
-                  {"chain": chain})
+    chain = [Hop("Kuvshil Brailteix", "works_for", "Khailkheind Textiles", "1"),
+             Hop("Khailkheind Textiles", "founded_by", "Gian Gourlio", "2")]
+    item = single_task("q1", "Who founded the company that Kuvshil Brailteix works for?", ["Gian Gourlio"],
+                       chain=chain)
     s = SFTSample([{"role": "system", "content": "sys"},
                    {"role": "user", "content": "Question: Who founded the company that Kuvshil Brailteix works for?\n"
                                                "<information> Doc 1(Title: Khailkheind Textiles) Khailkheind Textiles "
@@ -387,7 +385,7 @@ def test_rename_entities_replaces_chain_names_consistently_and_keeps_generic_wor
     # another draw gives other names; no chain -> unchanged
     (again,) = rename_entities([s], item, random.Random(1))
     assert again.response != out.response
-    assert rename_entities([s], QAItem("q2", "x?", ["y"], {}), random.Random(0)) == [s]
+    assert rename_entities([s], single_task("q2", "x?", ["y"]), random.Random(0)) == [s]
     # with a pool, every replacement word comes from it
     (pooled,) = rename_entities([s], item, random.Random(0), pool=["Zorv", "Quell"])
     assert set(re.findall(r"[A-Z][a-z]+", pooled.response)) <= {"Zorv", "Quell", "Textiles"}

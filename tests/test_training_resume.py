@@ -22,7 +22,7 @@ def inputs(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     bootstrap_tiny(root / "policy", tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"],
                    spec=TinyPolicySpec(vocab_size=400, hidden_size=32, intermediate_size=64, num_layers=1,
                                        num_heads=2, num_kv_heads=1, seed=1))
-    train = [q for q in load_qa(tiny_world / "qa" / "train.jsonl") if q.metadata.get("part") == "rl"]
+    train = [q for q in load_qa(tiny_world / "qa" / "train.jsonl") if q.part == "rl"]
     write_prepared([to_verl_row(q, data_source="world", split="train", index=i) for i, q in enumerate(train)],
                    root / "data" / "train.parquet")
     return {"root": root, "policy": root / "policy", "data": root / "data", "world": tiny_world}
@@ -119,7 +119,11 @@ def test_sft_never_continues_checkpoints_of_another_start_policy(
         "sft.retriever": str(inputs["world"] / "corpus.jsonl"), "sft.out": str(out),
         "sft.max_questions": 4, "sft.multi_tasks": 0, "sft.val_questions": 2, "sft.max_steps": 3,
         "sft.batch_size": 2, "sft.eval_every": 3, "sft.checkpoint_every": 1, "sft.warmup_steps": 0,
+        "data.out": str(tmp_path / "prepared"),
     })
+    from mempo.data.sft_split import write_sft_split
+
+    write_sft_split(params.sft, tmp_path / "prepared")  # the data stage's SFT tasks
     with monkeypatch.context() as m:
         _fail_at_step(m, sft, "evaluate_loss", 1)  # the first validation, at step 3, after 2 checkpoints
         with pytest.raises(RuntimeError, match="killed"):

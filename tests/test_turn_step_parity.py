@@ -22,7 +22,7 @@ from verl_cpu_helpers import ScriptedServer, make_mem_agent_loop, tiny_policy  #
 from mempo.agent.format import build_messages, render_prompt
 from mempo.agent.generation import Generation, SamplingParams
 from mempo.agent.rollout import GeneratorPolicy, RolloutConfig, full_context_messages, run_episode
-from mempo.datasets import QAItem
+from mempo.tasks import Task
 from mempo.verl_plugin.memory_probe import full_context_probe, memory_probe
 from mempo.verl_plugin.reward import compute_score
 
@@ -68,9 +68,8 @@ class Case:
     reward: float         # R^T (strict format rule, all objectives)
 
 
-def _cases(item: QAItem, multi: QAItem) -> dict[str, tuple[QAItem, Case]]:
-    meta = item.metadata
-    subject, hop, gold = meta["subjects"][0], meta["chain"][0], item.golden_answers[0]
+def _cases(item: Task, multi: Task) -> dict[str, tuple[Task, Case]]:
+    subject, hop, gold = item.metadata["subjects"][0], item.objectives[0].chain[0], item.golden_answers[0]
     search = f"<mem> nothing yet </mem> <think> find {subject} </think> <search> {subject} born </search>"
     answer = f"<mem> the answer is {gold} </mem> <think> done </think> <answer> {gold} </answer>"
     return {
@@ -78,7 +77,7 @@ def _cases(item: QAItem, multi: QAItem) -> dict[str, tuple[QAItem, Case]]:
         # an invalid turn (no <mem>) gets the corrective observation; the episode goes on
         "invalid_turn": (item, Case([
             search, "<think> forgot my memory </think> <search> nowhere </search>",
-            f"<mem> {subject} was born in {hop['value']} </mem> <think> read </think> <access> {hop['value']} </access>",
+            f"<mem> {subject} was born in {hop.value} </mem> <think> read </think> <access> {hop.value} </access>",
             answer], 4, 4, "answer", 0.0)),
         # an unclosed <answer> is no action (the episode goes on); a closed <answer> without
         # <mem> is an invalid answer: it ends the episode (the third script entry is never used)
@@ -102,14 +101,14 @@ def setup(tiny_policy, tiny_world):  # noqa: F811
     tok = AutoTokenizer.from_pretrained(tiny_policy)
     items = load_qa(tiny_world / "qa" / "train.jsonl")
     multi = compose_multi_objective(items[1:5], k=2, n_tasks=1, seed=0)[0]
-    assert len(multi.metadata["objectives"]) == 2 and ";" in multi.golden_answers[0]
+    assert len(multi.objectives) == 2 and ";" in multi.golden_answers[0]
     return tok, _cases(items[0], multi)
 
 
-def _verl_kwargs(item: QAItem) -> dict:
+def _verl_kwargs(item: Task) -> dict:
     extra = {"question": item.question}
-    if item.metadata.get("objectives"):
-        extra["objectives"] = item.metadata["objectives"]
+    if item.k > 1:
+        extra["objectives"] = [{"question": o.question, "golden_answers": list(o.answers)} for o in item.objectives]
     return {"raw_prompt": build_messages(item.question), "extra_info": extra,
             "reward_model": {"ground_truth": list(item.golden_answers), "style": "rule"}}
 

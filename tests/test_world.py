@@ -42,17 +42,17 @@ def test_every_hop_is_stated_in_its_supporting_passage(tiny_world: Path) -> None
     docs = {p.id: p.contents for p in iter_corpus(tiny_world / "corpus.jsonl")}
     for split in ("train", "val", "test"):
         for item in load_qa(tiny_world / "qa" / f"{split}.jsonl"):
-            chain = item.metadata["chain"]
+            chain = item.objectives[0].chain
             assert item.metadata["hops"] == len(chain)
-            assert set(item.metadata["supporting_ids"]) == {h["doc_id"] for h in chain}
+            assert set(item.metadata["supporting_ids"]) == {h.doc_id for h in chain}
             for hop in chain:
-                assert hop["entity"] in docs[hop["doc_id"]], (item.id, hop)
-                assert hop["value"] in docs[hop["doc_id"]], (item.id, hop)
+                assert hop.entity in docs[hop.doc_id], (item.id, hop)
+                assert hop.value in docs[hop.doc_id], (item.id, hop)
             if item.metadata["type"] != "comparison":
-                assert chain[-1]["value"] == item.golden_answers[0]
+                assert chain[-1].value == item.golden_answers[0]
                 # each hop starts from the previous hop's value
                 for prev, nxt in zip(chain, chain[1:], strict=False):
-                    assert nxt["entity"] == prev["value"]
+                    assert nxt.entity == prev.value
 
 
 def test_bridge_questions_need_every_hop(tiny_world: Path) -> None:
@@ -61,7 +61,7 @@ def test_bridge_questions_need_every_hop(tiny_world: Path) -> None:
                if i.metadata["type"] == "bridge"]
     assert len(bridges) > 20
     for item in bridges:
-        first = docs[item.metadata["chain"][0]["doc_id"]]
+        first = docs[item.objectives[0].chain[0].doc_id]
         assert item.golden_answers[0] not in first, item.id
         # and the answer is never in the question itself
         assert item.golden_answers[0] not in item.question

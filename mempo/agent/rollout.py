@@ -30,8 +30,7 @@ from mempo.agent.format import SYSTEM_PROMPT, ParsedTurn, parse_turn, render_pro
 from mempo.agent.generation import Generation, Generator, SamplingParams
 from mempo.agent.step import EpisodeSteps, ToolRequest, TurnStep
 from mempo.agent.tools import ArticleReader, ToolEnv
-from mempo.datasets import QAItem
-from mempo.tasks import objectives_of
+from mempo.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +72,7 @@ class TurnRequest:
     """What a policy gets to answer one turn."""
 
     episode_id: str
-    item: QAItem
+    item: Task
     turn_index: int
     messages: list[dict[str, str]]
     prompt_ids: list[int]
@@ -256,12 +255,8 @@ async def generate_batch(generator: Generator, sampling: SamplingParams,
             f.set_result(g)
 
 
-def _objective_answers(item: QAItem) -> list[list[str]]:
-    return [list(o["golden_answers"]) for o in objectives_of(item)]
-
-
 async def run_episode(
-    item: QAItem,
+    item: Task,
     policy: TurnPolicy,
     env: ToolEnv,
     tokenizer: Any,
@@ -276,7 +271,7 @@ async def run_episode(
            else context(item.question, system_prompt))
     ep = Episode(
         episode_id=episode_id or item.id, item_id=item.id, question=item.question,
-        golden_answers=list(item.golden_answers), objectives=_objective_answers(item), context=ctx.kind,
+        golden_answers=list(item.golden_answers), objectives=item.answer_lists, context=ctx.kind,
     )
     reader = ArticleReader()
     steps = EpisodeSteps(ctx, cfg.turn_budget(len(ep.objectives)), check_masks=cfg.check_masks)
@@ -306,7 +301,7 @@ async def call_tool(env: ToolEnv, request: ToolRequest, reader: ArticleReader) -
 
 
 async def arun_episodes(
-    items: Sequence[QAItem],
+    items: Sequence[Task],
     policy: TurnPolicy,
     env: ToolEnv,
     tokenizer: Any,
@@ -324,7 +319,7 @@ async def arun_episodes(
     """
     cfg = config or RolloutConfig()
     sem = asyncio.Semaphore(max(1, cfg.max_concurrent_episodes))
-    jobs: list[tuple[QAItem, str]] = []
+    jobs: list[tuple[Task, str]] = []
     seen: dict[str, int] = {}
     for item in items:
         for r in range(n_rollouts):
@@ -338,7 +333,7 @@ async def arun_episodes(
 
         bar = tqdm(total=len(jobs), desc=f"rollouts ({getattr(context, '__name__', context)})", unit="ep", leave=False)
 
-    async def one(item: QAItem, eid: str) -> Episode:
+    async def one(item: Task, eid: str) -> Episode:
         async with sem:
             ep = await run_episode(item, policy, env, tokenizer, context, cfg, eid, system_prompt)
         if bar is not None:

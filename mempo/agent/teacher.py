@@ -1,7 +1,7 @@
 """The scripted teacher: a `TurnPolicy` that solves knowledge-world tasks with real searches.
 
 For each objective of a task (one for a plain question; k for a task from
-`mempo.tasks.compose_multi_objective`) it walks `metadata.chain` hop by hop: it searches
+`mempo.tasks.compose_multi_objective`) it walks the objective's hop `chain` hop by hop: it searches
 for the hop's entity and relation through the retriever (a real `<search>`), checks that
 the hop's value is in the returned passages, and falls back to `<access>` of the entity's
 article (chunk after chunk) when the search missed it. Its memory keeps exactly what it has found: the facts of
@@ -35,8 +35,8 @@ from typing import Any
 from mempo.agent.format import ANSWER_SEP
 from mempo.agent.generation import Generation
 from mempo.agent.rollout import TurnRequest
-from mempo.datasets import QAItem
 from mempo.rewards import normalize_answer
+from mempo.tasks import Task
 
 # How a hop is phrased as a fact and as a search query.
 _FACT = {
@@ -88,21 +88,6 @@ class _Plan:
     pending: bool = False  # an action for hops[cursor] is out; its observation comes next
 
 
-def objective_chains(item: QAItem) -> list[tuple[list[dict[str, str]], str]]:
-    """(hop chain, first gold answer) per objective of a knowledge-world task."""
-    meta = item.metadata or {}
-    objs = meta.get("objectives")
-    if objs:
-        return [((o.get("metadata") or {}).get("chain") or [], o["golden_answers"][0]) for o in objs]
-    return [(meta.get("chain") or [], item.golden_answers[0])]
-
-
-def objective_questions(item: QAItem) -> list[str]:
-    """The question of each objective of a task (the task's own question when it has one)."""
-    objs = (item.metadata or {}).get("objectives")
-    return [str(o["question"]).strip() for o in objs] if objs else [item.question.strip()]
-
-
 _CHUNK_RE = re.compile(r"\[chunk (\d+)/(\d+)\]")
 
 
@@ -132,15 +117,14 @@ class ScriptedTeacher:
         self.tokenizer = tokenizer
         self._plans: dict[str, _Plan] = {}
 
-    def _plan(self, item: QAItem) -> _Plan:
+    def _plan(self, item: Task) -> _Plan:
         hops: list[_Hop] = []
-        answers: list[str] = []
-        for i, (chain, answer) in enumerate(objective_chains(item)):
-            if not chain:
+        for i, o in enumerate(item.objectives):
+            if not o.chain:
                 raise ValueError(f"task {item.id}: objective {i} has no metadata.chain (not a knowledge-world task)")
-            hops.extend(_Hop(i, h["entity"], h["relation"], str(h["value"])) for h in chain)
-            answers.append(answer)
-        return _Plan(hops, answers, objective_questions(item), found=[False] * len(hops))
+            hops.extend(_Hop(i, h.entity, h.relation, h.value) for h in o.chain)
+        return _Plan(hops, [o.answers[0] for o in item.objectives], [o.question for o in item.objectives],
+                     found=[False] * len(hops))
 
     def memory_text(self, plan: _Plan) -> str:
         """The memory after the hops before `plan.cursor`: answers of finished objectives,

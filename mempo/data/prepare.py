@@ -1,4 +1,5 @@
-"""`mempo data prepare`: FlashRAG QA sets -> verl-schema `train.parquet` / `val.parquet`.
+"""`mempo data prepare`: FlashRAG QA sets -> verl-schema `train.parquet` / `val.parquet`, and
+the SFT stage's task split `sft.parquet` / `sft_val.parquet`.
 
     mempo data prepare                       # params.yaml `data:` (the knowledge world)
     mempo data prepare --out data/prepared --leakage fail
@@ -15,6 +16,9 @@ Steps, all deterministic for a seed:
 5. Compose: for every `{k, share}` in `compositions`, `share` of each source's questions
    (seeded sample) composed k at a time with `mempo.tasks.compose_multi_objective`.
 6. Shuffle each split (seeded), number the rows, and build verl rows (`mempo.data.schema`).
+   With the `sft:` params given (the CLI passes them), the teacher in use (no
+   `sft.trajectories`) and `sft.world`'s train questions among the sources, also the SFT
+   split from `sft.world` (`mempo.data.sft_split`).
 7. Gate the output: the `prepared` contract on each parquet inside the temporary folder;
    only then is the folder renamed into place with `summary.json` and `manifest.json`.
 
@@ -33,21 +37,24 @@ from pathlib import Path
 from typing import Any
 
 from mempo.config import DataParams, ValidateParams
-from mempo.datasets import QAItem, load_qa
+from mempo.datasets import load_qa
 from mempo.errors import DataError, ValidationFailed
 from mempo.io import atomic_dir, sha256_file, write_json
-from mempo.tasks import compose_multi_objective, objectives_of
+from mempo.tasks import Task, compose_multi_objective
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val")
+# The `sft:` keys that decide the SFT split (the data stage reads them; see sft_split).
+SFT_KEYS = ("world", "part", "max_questions", "multi_k", "multi_tasks", "val_questions", "val_multi_k",
+            "val_multi_tasks", "seed")
 
 
 @dataclass
 class SourceItem:
     """A question with where it came from."""
 
-    item: QAItem
+    item: Task
     source: str
     path: str
 
@@ -72,8 +79,8 @@ def _derived_seed(seed: int, *parts: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
 
 
-def _objective_norms(item: QAItem, normalize: Callable[[str], str]) -> list[str]:
-    return [normalize(o["question"]) for o in objectives_of(item)]
+def _objective_norms(item: Task, normalize: Callable[[str], str]) -> list[str]:
+    return [normalize(o.question) for o in item.objectives]
 
 
 def gate_inputs(data: DataParams, validation: ValidateParams) -> list[str]:
@@ -100,7 +107,7 @@ def load_sources(data: DataParams, drops: Drops) -> dict[str, list[SourceItem]]:
     for src in data.sources:
         for item in load_qa(src.path):
             si = SourceItem(item, src.name, src.path)
-            part = (item.metadata or {}).get("part")
+            part = item.part
             if src.split == "train" and data.train_parts is not None and part is not None \
                     and part not in data.train_parts:
                 drops.add("train_part_filtered", si)
@@ -158,12 +165,12 @@ def dedup_and_check_leakage(
     return out
 
 
-def compose_split(items: Sequence[SourceItem], split: str, data: DataParams) -> list[tuple[str, QAItem]]:
+def compose_split(items: Sequence[SourceItem], split: str, data: DataParams) -> list[tuple[str, Task]]:
     """`(data_source, task)` for every composition of every source in this split, shuffled."""
-    by_source: dict[str, list[QAItem]] = {}
+    by_source: dict[str, list[Task]] = {}
     for si in items:
         by_source.setdefault(si.source, []).append(si.item)
-    tasks: list[tuple[str, QAItem]] = []
+    tasks: list[tuple[str, Task]] = []
     for source, pool in by_source.items():
         for comp in data.compositions:
             rng = random.Random(_derived_seed(data.seed, split, source, comp.k, "sample"))
@@ -224,8 +231,10 @@ class PrepareResult:
     reports: list[str]
 
 
-def prepare_data(data: DataParams, validation: ValidateParams | None = None) -> PrepareResult:
-    """Build `data.out/{train,val}.parquet`, `summary.json`, `manifest.json` (see module doc).
+def prepare_data(data: DataParams, validation: ValidateParams | None = None, sft: Any = None) -> PrepareResult:
+    """Build `data.out/{train,val}.parquet`, `summary.json`, `manifest.json` (see module doc),
+    and `sft.parquet` / `sft_val.parquet` when `sft` (the `sft:` params) asks for the
+    teacher on a world this stage reads (`mempo.data.sft_split.wants_sft_split`).
 
     Raises:
         ValidationFailed: an input or the output broke its contract, or (leakage=fail) a
@@ -233,6 +242,7 @@ def prepare_data(data: DataParams, validation: ValidateParams | None = None) -> 
         DataError: an input file cannot be read.
     """
     from mempo.data.schema import to_verl_row, write_prepared
+    from mempo.data.sft_split import sft_split_rows, wants_sft_split
     from mempo.rewards import normalize_answer
 
     validation = validation or ValidateParams()
@@ -244,9 +254,9 @@ def prepare_data(data: DataParams, validation: ValidateParams | None = None) -> 
     eval_questions: list[str] = []
     for path in data.eval_sets:
         for item in load_qa(path):
-            for o in objectives_of(item):
-                eval_norms.setdefault(normalize_answer(o["question"]), path)
-                eval_questions.append(o["question"])
+            for o in item.objectives:
+                eval_norms.setdefault(normalize_answer(o.question), path)
+                eval_questions.append(o.question)
     clean = dedup_and_check_leakage(by_split, eval_norms, normalize_answer, data, drops)
 
     rows_by_split: dict[str, list[dict[str, Any]]] = {}
@@ -258,6 +268,12 @@ def prepare_data(data: DataParams, validation: ValidateParams | None = None) -> 
             to_verl_row(t, data_source=src, split=split, index=i, ability=data.ability)
             for i, (src, t) in enumerate(tasks)
         ]
+    if wants_sft_split(sft, [s.path for s in data.sources]):
+        rows_by_split.update(sft_split_rows(sft, data.ability))
+    elif sft is not None and not sft.trajectories:
+        log.info("no SFT split: the data sources do not include %s/qa/train.jsonl (SFT then needs "
+                 "sft.trajectories)", sft.world)
+    sft_inputs = [str(Path(sft.world) / "qa" / f"{s}.jsonl") for s in SPLITS] if "sft" in rows_by_split else []
     summary = summarize(rows_by_split, drops)
 
     with atomic_dir(data.out) as tmp:
@@ -270,8 +286,9 @@ def prepare_data(data: DataParams, validation: ValidateParams | None = None) -> 
             "rows": counts,
             "files": {f"{s}.parquet": sha256_file(tmp / f"{s}.parquet") for s in counts},
             "inputs": {p: sha256_file(p) for p in dict.fromkeys(
-                [s.path for s in data.sources] + list(data.eval_sets))},
-            "params": data.model_dump(mode="json"),
+                [s.path for s in data.sources] + list(data.eval_sets) + sft_inputs)},
+            "params": data.model_dump(mode="json") | ({"sft": {k: getattr(sft, k) for k in SFT_KEYS}}
+                                                     if sft_inputs else {}),
             "gates": {"inputs_qa_reports": reports, "output_prepared": "passed" if data.gate else "skipped"},
         })
     _log_summary(summary)
@@ -309,7 +326,7 @@ def run_data_stage(data: DataParams, validation: ValidateParams, params: Any = N
 
     inputs = {f"{s.name}_{s.split}": s.path for s in data.sources}
     with stage_run("data", params=params, data=inputs):
-        result = prepare_data(data, validation)
+        result = prepare_data(data, validation, getattr(params, "sft", None))
         metrics = {f"rows_{k}": v for k, v in result.rows.items()}
         metrics.update({f"dropped_{k}": v for k, v in result.summary["dropped"].items()})
         for split, s in result.summary["splits"].items():

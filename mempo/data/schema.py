@@ -7,38 +7,43 @@ One row per task (a question, or k questions composed into one):
     ability       str    "fact-reasoning" (Search-R1's value)
     reward_model  struct {"style": "rule", "ground_truth": {"target": [answer, ...]}}
     extra_info    struct index, split, id, question, k, type, source_ids, objectives
-                         ([{id, question, golden_answers, type, hops, supporting_ids}])
+                         ([{id, question, golden_answers, type, hops, supporting_ids,
+                           chain: [{entity, relation, value, doc_id}] | null}])
     agent_name    str    "mem_agent" (verl's agent loop registry name)
 
 `target` holds every accepted answer of a plain question, or the one string "a1; a2; ..."
 of a k-objective task; per-objective answers are in `extra_info.objectives`, which
-`mempo.rewards.compute_score` reads.
+`mempo.rewards.compute_score` reads. Each objective keeps its hop `chain` (the knowledge
+world's; null for sets without one), so the scripted teacher can solve a prepared task:
+the SFT stage reads its tasks from the data stage's `sft.parquet` (`mempo.data.sft_split`).
 
     rows = [to_verl_row(task, data_source="world", split="train", index=i) ...]
     write_prepared(rows, "data/prepared/train.parquet")
-    tasks = load_prepared("data/prepared/train.parquet")   # -> list[PreparedTask]
+    prepared = load_prepared("data/prepared/train.parquet")   # -> list[PreparedTask]
+    tasks = [p.task for p in prepared]                        # -> list[mempo.tasks.Task]
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mempo.datasets import QAItem
 from mempo.errors import DataError
 from mempo.io import atomic_path
-from mempo.tasks import objectives_of
+from mempo.tasks import Objective, Task, parse_chain
 
 AGENT_NAME = "mem_agent"
 DEFAULT_ABILITY = "fact-reasoning"
 REWARD_STYLE = "rule"
 
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+_HOP = pa.struct([("entity", pa.string()), ("relation", pa.string()), ("value", pa.string()),
+                  ("doc_id", pa.string())])
 _OBJECTIVE = pa.struct([
     ("id", pa.string()),
     ("question", pa.string()),
@@ -46,6 +51,7 @@ _OBJECTIVE = pa.struct([
     ("type", pa.string()),
     ("hops", pa.int64()),
     ("supporting_ids", pa.list_(pa.string())),
+    ("chain", pa.list_(_HOP)),
 ])
 PREPARED_SCHEMA = pa.schema([
     ("data_source", pa.string()),
@@ -69,22 +75,23 @@ PREPARED_SCHEMA = pa.schema([
 ])
 
 
-def _objective_record(obj: dict[str, Any], fallback_id: str) -> dict[str, Any]:
-    meta = obj.get("metadata") or {}
+def _objective_record(obj: Objective) -> dict[str, Any]:
+    meta = obj.metadata
     hops = meta.get("hops")
     support = meta.get("supporting_ids")
     return {
-        "id": str(obj.get("id", fallback_id)),
-        "question": obj["question"].strip(),
-        "golden_answers": [str(a) for a in obj["golden_answers"]],
+        "id": obj.id,
+        "question": obj.question,
+        "golden_answers": list(obj.answers),
         "type": str(meta["type"]) if meta.get("type") is not None else None,
         "hops": int(hops) if isinstance(hops, int) and not isinstance(hops, bool) else None,
         "supporting_ids": [str(s) for s in support] if isinstance(support, list) else None,
+        "chain": None if obj.chain is None else [h.to_dict() for h in obj.chain],
     }
 
 
 def to_verl_row(
-    task: QAItem,
+    task: Task,
     *,
     data_source: str,
     split: str,
@@ -97,12 +104,7 @@ def to_verl_row(
     """
     from mempo.agent.format import build_messages
 
-    meta = task.metadata or {}
-    raw_objs = meta.get("objectives")
-    if raw_objs:
-        objectives = [_objective_record(o, f"{task.id}.{i}") for i, o in enumerate(raw_objs)]
-    else:
-        objectives = [_objective_record({"id": task.id, **objectives_of(task)[0], "metadata": meta}, task.id)]
+    objectives = [_objective_record(o) for o in task.objectives]
     return {
         "data_source": data_source,
         "prompt": build_messages(task.question),
@@ -114,8 +116,8 @@ def to_verl_row(
             "id": task.id,
             "question": task.question,
             "k": len(objectives),
-            "type": str(meta.get("type") or ("multi_objective" if len(objectives) > 1 else "single")),
-            "source_ids": [str(s) for s in meta.get("source_ids") or [task.id]],
+            "type": str(task.metadata.get("type") or ("multi_objective" if len(objectives) > 1 else "single")),
+            "source_ids": task.source_ids,
             "objectives": objectives,
         },
         "agent_name": AGENT_NAME,
@@ -135,34 +137,43 @@ def write_prepared(rows: Sequence[dict[str, Any]], path: str | Path) -> int:
 
 @dataclass(frozen=True)
 class PreparedTask:
-    """One prepared row as the trainers use it (see the module docstring for the columns)."""
+    """One prepared row as the trainers use it: where it sits (index, split, data_source),
+    the prompt verl feeds, and the `Task` (objectives, answers, chains) parsed from it."""
 
     index: int
-    id: str
     split: str
     data_source: str
-    question: str
-    golden_answers: list[str]
-    objectives: list[dict[str, Any]]
     prompt: list[dict[str, str]]
-    k: int
-    type: str
+    task: Task
     agent_name: str = AGENT_NAME
-    source_ids: list[str] = field(default_factory=list)
 
-    def to_qa_item(self) -> QAItem:
-        """Back to the FlashRAG form (objectives in metadata), e.g. for the scripted teacher."""
-        return QAItem(self.id, self.question, list(self.golden_answers), {
-            "type": self.type, "k": self.k, "source_ids": list(self.source_ids),
-            "objectives": [{"id": o["id"], "question": o["question"],
-                            "golden_answers": list(o["golden_answers"])} for o in self.objectives],
-        })
+
+def _task_of(ei: dict[str, Any], target: list[str], path: Path, row: int) -> Task:
+    """The `Task` of one row's `extra_info` and target; `DataError` names the field."""
+    objs = ei.get("objectives")
+    if not objs:
+        raise DataError("no objectives", path=path, row=row, field="extra_info.objectives")
+    objectives = []
+    for i, o in enumerate(objs):
+        name = f"extra_info.objectives[{i}]"
+        if not o.get("question") or not o.get("golden_answers"):
+            raise DataError("needs a question and answers", path=path, row=row, field=name)
+        meta = {key: o[key] for key in ("type", "hops", "supporting_ids") if o.get(key) is not None}
+        objectives.append(Objective(str(o["question"]), tuple(str(a) for a in o["golden_answers"]),
+                                    parse_chain(o.get("chain"), path, row, f"{name}.chain"),
+                                    str(o.get("id") or ""), meta))
+    if int(ei["k"]) != len(objectives):
+        raise DataError(f"k={ei['k']} but {len(objectives)} objectives", path=path, row=row, field="extra_info.k")
+    meta: dict[str, Any] = {"type": str(ei["type"]), "k": len(objectives),
+                            "source_ids": [str(s) for s in ei.get("source_ids") or []]}
+    return Task(str(ei["id"]), str(ei["question"]), tuple(objectives), tuple(str(a) for a in target), meta)
 
 
 def load_prepared(path: str | Path) -> list[PreparedTask]:
-    """Read a prepared parquet file (train.parquet / val.parquet) into `PreparedTask`s.
+    """Read a prepared parquet file (train / val / sft / sft_val.parquet) into `PreparedTask`s.
 
-    Raises `DataError` naming the file and the missing column when it is not prepared data.
+    Raises `DataError` naming the file, the row and the missing column or field when it is
+    not prepared data.
     """
     path = Path(path)
     if not path.exists():
@@ -179,12 +190,9 @@ def load_prepared(path: str | Path) -> list[PreparedTask]:
         ei = rec["extra_info"] or {}
         try:
             out.append(PreparedTask(
-                index=int(ei["index"]), id=str(ei["id"]), split=str(ei["split"]),
-                data_source=str(rec["data_source"]), question=str(ei["question"]),
-                golden_answers=list(rec["reward_model"]["ground_truth"]["target"]),
-                objectives=list(ei["objectives"]), prompt=list(rec["prompt"]), k=int(ei["k"]),
-                type=str(ei["type"]), agent_name=str(rec["agent_name"]),
-                source_ids=list(ei.get("source_ids") or []),
+                index=int(ei["index"]), split=str(ei["split"]), data_source=str(rec["data_source"]),
+                prompt=list(rec["prompt"]), agent_name=str(rec["agent_name"]),
+                task=_task_of(ei, list(rec["reward_model"]["ground_truth"]["target"]), path, row_no),
             ))
         except (KeyError, TypeError, ValueError) as e:
             raise DataError(f"malformed prepared row: {e}", path=path, row=row_no) from e

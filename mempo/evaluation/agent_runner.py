@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mempo.datasets import QAItem
 from mempo.errors import ConfigError, MempoError
 from mempo.evaluation.agents import (
     AGENTS,
@@ -34,6 +33,7 @@ from mempo.evaluation.engine import Engine
 from mempo.evaluation.metrics import SAMPLE_COLUMNS, answer_scores
 from mempo.evaluation.probe import add_memory_probe
 from mempo.evaluation.settings import EvalSettings, sampling_params
+from mempo.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +52,15 @@ class _TimedPolicy:
         return await self.inner.respond(request)
 
 
-def _base_row(agent: str, bench: str, item: QAItem, k: int, engine: Engine) -> dict[str, Any]:
+def _base_row(agent: str, bench: str, item: Task, k: int, engine: Engine) -> dict[str, Any]:
     return {
         "agent": agent, "policy": engine.policy, "benchmark": bench, "id": item.id, "question": item.question,
         "golden_answers": list(item.golden_answers), "k": k,
     }
 
 
-def _finish_row(row: dict[str, Any], item: QAItem, prediction: str | None, truncated: bool) -> dict[str, Any]:
-    scores = answer_scores(None if truncated else prediction, item.golden_answers, item.metadata)
+def _finish_row(row: dict[str, Any], item: Task, prediction: str | None, truncated: bool) -> dict[str, Any]:
+    scores = answer_scores(None if truncated else prediction, item.golden_answers, item.answer_lists)
     row.update(scores)
     row["prediction"] = prediction or ""
     row["truncated"] = float(truncated)
@@ -72,7 +72,7 @@ def _finish_row(row: dict[str, Any], item: QAItem, prediction: str | None, trunc
 def run_multi_turn(
     agent: str,
     bench: str,
-    items: Sequence[QAItem],
+    items: Sequence[Task],
     engine: Engine,
     settings: EvalSettings,
     k: int = 1,
@@ -139,7 +139,7 @@ def run_multi_turn(
 def run_single_turn(
     agent: str,
     bench: str,
-    items: Sequence[QAItem],
+    items: Sequence[Task],
     engine: Engine,
     settings: EvalSettings,
     k: int = 1,
@@ -229,7 +229,7 @@ def run_single_turn(
 
 
 def evaluate_items(
-    benchmarks: Mapping[str, Sequence[QAItem]],
+    benchmarks: Mapping[str, Sequence[Task]],
     agents: Sequence[str],
     engine: Engine | Mapping[str, Engine],
     settings: EvalSettings,
@@ -244,7 +244,7 @@ def evaluate_items(
     engines = {a: engine for a in agents} if isinstance(engine, Engine) else dict(engine)
     rows: list[dict[str, Any]] = []
     for bench, items in benchmarks.items():
-        k = max((int(it.metadata.get("k", 1) or 1) for it in items), default=1)
+        k = max((it.k for it in items), default=1)
         for agent in agents:
             t0 = time.perf_counter()
             run = run_multi_turn if agent in MULTI_TURN_AGENTS else run_single_turn

@@ -19,10 +19,10 @@ import dataclasses
 import textwrap
 from typing import Any
 
-from mempo.datasets import QAItem
 from mempo.evaluation.agents import observation_titles
 from mempo.evaluation.engine import Engine
 from mempo.evaluation.settings import EvalSettings, sampling_params
+from mempo.tasks import single_task
 
 
 def ask(
@@ -42,7 +42,7 @@ def ask(
 
     if engine.retriever is None:
         raise ValueError("ask needs a retriever")
-    item = QAItem(id="ask", question=question, golden_answers=list(gold or []))
+    item = single_task("ask", question, list(gold or []))
     policy = engine.turn_policy or GeneratorPolicy(engine.generator, sampling_params(settings), max_batch=1)
     env = ToolEnv(engine.retriever, engine.tokenizer, settings.tool_config())
     config = dataclasses.replace(settings.rollout_config(), max_concurrent_episodes=1)

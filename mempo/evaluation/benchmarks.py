@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mempo.datasets import QAItem, load_qa
+from mempo.datasets import load_qa
 from mempo.errors import ConfigError, DataError
-from mempo.tasks import MAX_OBJECTIVES, compose_multi_objective
+from mempo.tasks import MAX_OBJECTIVES, Task, compose_multi_objective
 
 STANDARD_BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle")
 WORLD_BENCHMARK = "world"
@@ -101,7 +101,7 @@ def load_benchmark(
     *,
     limit: int | None = None,
     seed: int = 0,
-) -> list[QAItem]:
+) -> list[Task]:
     """The questions (or composed tasks) of benchmark `name`, in a fixed order.
 
     The first `limit` items are kept (file order; for composed tasks the order the seeded
@@ -135,7 +135,7 @@ def load_benchmarks(
     *,
     limit: int | None = None,
     seed: int = 0,
-) -> dict[str, list[QAItem]]:
+) -> dict[str, list[Task]]:
     """`load_benchmark` for each name, all resolved before any is loaded (fail fast)."""
     if not names:
         raise ConfigError("no benchmarks requested", field="eval.benchmarks")

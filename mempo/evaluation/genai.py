@@ -15,8 +15,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mempo.datasets import QAItem
 from mempo.errors import MempoError
+from mempo.tasks import Task
 
 
 def genai_subset(rows: Sequence[Mapping[str, Any]], per_agent: int) -> list[Mapping[str, Any]]:
@@ -40,7 +40,7 @@ def genai_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float
 
     Runs offline against sqlite with no LLM judge. It logs a trace per sample (about 0.3 s
     each on sqlite here), which is why the runner scores a subset (`mlflow_genai_samples`).
-    Rows may carry `_objectives` (per-objective gold lists) for multi-objective tasks.
+    Rows may carry `_objectives` (per-objective gold lists, `Task.answer_lists`).
 
     Returns `{agent: {"em": mean, "f1": mean, "substring_em": mean}}` as MLflow computed them.
     """
@@ -53,9 +53,8 @@ def genai_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float
 
     def _score(name: str) -> Any:
         def fn(outputs: dict[str, Any], expectations: dict[str, Any]) -> float:
-            objectives = expectations.get("objectives")
-            meta = {"objectives": [{"golden_answers": o} for o in objectives]} if objectives else None
-            return float(_scores(outputs.get("prediction") or None, expectations["golden_answers"], meta)[name])
+            return float(_scores(outputs.get("prediction") or None, expectations["golden_answers"],
+                                 expectations.get("objectives"))[name])
 
         fn.__name__ = name
         return scorer(fn)
@@ -93,13 +92,12 @@ def genai_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float
     return out
 
 
-def check_genai(rows: list[dict[str, Any]], items: Mapping[str, Sequence[QAItem]], per_agent: int) -> None:
+def check_genai(rows: list[dict[str, Any]], items: Mapping[str, Sequence[Task]], per_agent: int) -> None:
     """Score a subset with `mlflow.genai.evaluate` and check it agrees with our own numbers."""
     by_id = {(b, it.id): it for b, its in items.items() for it in its}
     subset = [dict(r) for r in genai_subset(rows, per_agent)]
     for r in subset:
-        objs = by_id[(r["benchmark"], r["id"])].metadata.get("objectives")
-        r["_objectives"] = [o["golden_answers"] for o in objs] if objs else None
+        r["_objectives"] = by_id[(r["benchmark"], r["id"])].answer_lists
     genai = genai_scores(subset)
     for agent, scores in genai.items():
         mine = [r for r in subset if r["agent"] == agent]

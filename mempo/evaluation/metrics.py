@@ -136,11 +136,13 @@ def prompt_tokens_by_turn(rows: Iterable[Mapping[str, Any]]) -> dict[int, float]
 
 
 def answer_scores(
-    prediction: str | None, golden_answers: Sequence[str], metadata: Mapping[str, Any] | None = None
+    prediction: str | None, golden_answers: Sequence[str], objectives: Sequence[Sequence[str]] | None = None
 ) -> dict[str, float]:
     """EM, F1, substring EM (and, for k > 1 tasks, per-objective EM and all-correct) of one answer.
 
-    All from `mempo.rewards`. For a k-objective task (`metadata.objectives`), `em` is the
+    All from `mempo.rewards`. `objectives` are the task's per-objective answer lists
+    (`Task.answer_lists`; default: one objective, `golden_answers`, so a plain gold answer
+    that happens to contain ";" stays one objective). For a k-objective task, `em` is the
     task's correctness under the "all objectives right" rule (= `all_correct`),
     `objective_em` the mean of the per-objective EMs, and `f1` / `substring_em` compare the
     whole `a1; a2; ...` string with the joined gold string. A missing answer (None) scores 0.
@@ -148,20 +150,9 @@ def answer_scores(
     Example: prediction "Paris; 1901" for objectives [["Paris"], ["1900"]] ->
     em 0.0, objective_em 0.5, all_correct 0.0, f1 0.5 (1 of 2 tokens), substring_em 0.0.
     """
-    from mempo.rewards import (
-        answer_correctness,
-        multi_objective_scores,
-        objective_answers,
-        substring_match,
-        token_f1,
-    )
+    from mempo.rewards import answer_correctness, multi_objective_scores, substring_match, token_f1
 
-    # Only tasks composed with objectives are multi-objective; a plain gold answer that
-    # happens to contain ";" stays one objective.
-    if (metadata or {}).get("objectives"):
-        objectives = objective_answers(golden_answers, {"metadata": dict(metadata or {})})
-    else:
-        objectives = [list(golden_answers)]
+    objectives = [list(o) for o in objectives] if objectives else [list(golden_answers)]
     out = {
         "em": answer_correctness(prediction, golden_answers, objectives, multi_rule="all"),
         "f1": token_f1(prediction, golden_answers),

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mempo.datasets import QAItem
 from mempo.errors import ConfigError
 from mempo.evaluation.agent_runner import evaluate_items
 from mempo.evaluation.agents import AGENTS
@@ -40,6 +39,7 @@ from mempo.evaluation.benchmarks import load_benchmarks
 from mempo.evaluation.engine import AGENT_CONTEXT, Engine, engines_for, policy_context
 from mempo.evaluation.outputs import write_outputs
 from mempo.evaluation.settings import EvalSettings
+from mempo.tasks import Task
 
 
 @dataclass
@@ -103,7 +103,7 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
     return EvalResult(out=Path(p.out), metrics=flat, rows=rows, meta=meta, run_id=run_id)
 
 
-def _meta(p: Any, settings: EvalSettings, items: Mapping[str, Sequence[QAItem]], model: Mapping[str, Any],
+def _meta(p: Any, settings: EvalSettings, items: Mapping[str, Sequence[Task]], model: Mapping[str, Any],
           policy_paths: Mapping[str, Path], decoder: str) -> dict[str, Any]:
     """`eval.json`: the model, each agent's policy and context, the settings and the counts."""
     needs_retriever = any(a != "direct" for a in p.agents)
@@ -126,7 +126,7 @@ def _meta(p: Any, settings: EvalSettings, items: Mapping[str, Sequence[QAItem]],
 
 
 def _log_outputs(out: Path, flat: Mapping[str, float | int], rows: list[dict[str, Any]],
-                 items: Mapping[str, Sequence[QAItem]], genai_samples: int) -> None:
+                 items: Mapping[str, Sequence[Task]], genai_samples: int) -> None:
     """Log the metrics, the output files and plots to the active run; cross-check a subset
     with `mlflow.genai.evaluate` when `genai_samples` > 0."""
     import mlflow

@@ -366,7 +366,7 @@ def val_settings(agent: Any, tp: Any) -> Any:
 
 def validate(model: Any, tokenizer: Any, retriever: Any, tasks: Sequence[Any], agent: Any,
              tp: Any) -> dict[str, float]:
-    """Greedy episodes of the training agent on `tasks` (QAItems) through `mempo eval`'s own
+    """Greedy episodes of the training agent on `tasks` (`mempo.tasks.Task`s) through `mempo eval`'s own
     code (`mempo.evaluation.agent_runner.run_multi_turn`): mean em, f1, format_valid, turns
     of its sample rows."""
     from mempo.agent.generation import make_generator
@@ -396,7 +396,7 @@ def _load_tasks(data: str | Path, split: str, limit: int | None = None) -> list[
     from mempo.data.schema import load_prepared
 
     path = Path(data) / f"{split}.parquet"
-    tasks = [t.to_qa_item() for t in load_prepared(path)]
+    tasks = [t.task for t in load_prepared(path)]
     if not tasks:
         raise DataError("no tasks", path=path)
     ids = [t.id for t in tasks]

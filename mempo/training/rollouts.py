@@ -21,7 +21,7 @@ from mempo.agent.context import ContextKind
 from mempo.agent.generation import Generation, Generator, SamplingParams
 from mempo.agent.rollout import Episode, RolloutConfig, TurnRequest, arun_episodes, generate_batch
 from mempo.agent.tools import ToolEnv
-from mempo.datasets import QAItem
+from mempo.tasks import Task
 
 
 class LockstepPolicy:
@@ -71,7 +71,7 @@ class LockstepPolicy:
 
 
 def lockstep_episodes(
-    items: Sequence[QAItem],
+    items: Sequence[Task],
     generator: Generator,
     sampling: SamplingParams,
     env: ToolEnv,

@@ -9,21 +9,16 @@ turn. The loss is the token-mean cross-entropy on the assistant tokens only (pro
 are labelled -100). Prompt and response are tokenised separately and concatenated, exactly
 as the rollout tokenises them, so SFT and RL see the same token boundaries.
 
-Trajectories come from the scripted teacher on the knowledge world (default) or from any
-jsonl, one of these per line:
-
-    {"messages": [{"role": ..., "content": ...}, ...], "response": "<mem> ... </mem> ..."}
-    {"turns": [{"messages": [...], "response": "..."}, ...], ...}      (one episode)
-    {"question": "...", "turns": [{"response": "...", "observation": "...",
-                                   "short_observation": null}, ...]}   (an episode record)
-
-Episode records are rendered in `agent.context`: the memory agent's prompts (MemPO) or the
-whole history (the Search-R1-style baseline), so both policies learn from the same teacher
-episodes. The teacher's correct episodes (`mempo.training.sft_data`) are written as records
-to `OUT/trajectories/{train,val}_episodes.jsonl` (and, rendered, to `{train,val}.jsonl`); the
-full-history baseline's SFT stage reads them instead of running the teacher again. This
-module holds the sample types and the training loop; the stage's setup and ending are
-`mempo.training.stage`'s.
+Trajectories come from the scripted teacher, run on the tasks the data stage wrote
+(`data.out/sft.parquet`, `sft_val.parquet`; `mempo.data.sft_split`), or from any jsonl of
+turns, episodes or episode records (`sft.trajectories`; formats in
+`mempo.training.sft_data`). Episode records are rendered in `agent.context`: the memory
+agent's prompts (MemPO) or the whole history (the Search-R1-style baseline), so both
+policies learn from the same teacher episodes. The teacher's correct episodes are written as
+records to `OUT/trajectories/{train,val}_episodes.jsonl` (and, rendered, to
+`{train,val}.jsonl`); the full-history baseline's SFT stage reads them instead of running
+the teacher again. This module holds the sample types and the training loop; the data is
+`mempo.training.sft_data`'s, the stage's setup and ending `mempo.training.stage`'s.
 
 Writes `OUT/model/` (HF folder), `OUT/metrics.json`, `OUT/history.jsonl`, `OUT/plots/sft_loss.png`,
 and checkpoints under `OUT/checkpoints/` (resumable with `--resume auto`).
@@ -36,13 +31,11 @@ import math
 import random
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from mempo.errors import DataError
-from mempo.io import iter_jsonl, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +46,6 @@ class SFTSample:
 
     messages: list[dict[str, str]]
     response: str
-
-
-@dataclass(frozen=True)
-class EpisodeRecord:
-    """One finished episode as text, context-free: the question and, per turn, the response,
-    the environment's observation and its short form (shown once the turn is not the last)."""
-
-    question: str
-    turns: list[dict[str, str | None]]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"question": self.question, "turns": self.turns}
 
 
 @dataclass(frozen=True)
@@ -95,63 +76,6 @@ def _encode_prompt(tokenizer: Any, text: str, prompt_lm: bool) -> tuple[list[int
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     spans = [m.span() for m in _INFO_RE.finditer(text)]
     return list(enc["input_ids"]), tuple(not any(a <= start < b for a, b in spans) for start, _ in enc["offset_mapping"])
-
-
-def _check_messages(messages: Any, path: Path, row: int) -> list[dict[str, str]]:
-    if not isinstance(messages, list) or not messages:
-        raise DataError("must be a non-empty list of {role, content}", path=path, row=row, field="messages")
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise DataError("each message needs string 'role' and 'content'", path=path, row=row, field="messages")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
-
-
-def _episode_record(obj: dict[str, Any], path: Path, row: int) -> EpisodeRecord:
-    if not isinstance(obj.get("question"), str) or not obj["question"].strip():
-        raise DataError("missing or empty", path=path, row=row, field="question")
-    turns = obj.get("turns")
-    if not isinstance(turns, list) or not turns:
-        raise DataError("must be a non-empty list of turns", path=path, row=row, field="turns")
-    out: list[dict[str, str | None]] = []
-    for turn in turns:
-        resp = turn.get("response") if isinstance(turn, dict) else None
-        if not isinstance(resp, str) or not resp.strip():
-            raise DataError("each turn needs a non-empty 'response'", path=path, row=row, field="turns")
-        for key in ("observation", "short_observation"):
-            if turn.get(key) is not None and not isinstance(turn[key], str):
-                raise DataError(f"'{key}' must be a string or null", path=path, row=row, field="turns")
-        out.append({"response": resp, "observation": turn.get("observation"),
-                    "short_observation": turn.get("short_observation")})
-    return EpisodeRecord(obj["question"], out)
-
-
-def load_sft_samples(path: str | Path, context: str = "memory") -> list[SFTSample]:
-    """Read SFT samples from a jsonl of turns, episodes or episode records (module docstring);
-    episode records are rendered in `context`."""
-    path = Path(path)
-    samples: list[SFTSample] = []
-    for row, obj in iter_jsonl(path):
-        if "question" in obj and "turns" in obj:
-            samples.extend(render_episode(_episode_record(obj, path, row), context))
-            continue
-        turns = obj.get("turns") if "turns" in obj else [obj]
-        if not isinstance(turns, list):
-            raise DataError("must be a list of turns", path=path, row=row, field="turns")
-        for turn in turns:
-            if not isinstance(turn, dict):
-                raise DataError("each turn must be an object", path=path, row=row, field="turns")
-            resp = turn.get("response")
-            if not isinstance(resp, str) or not resp.strip():
-                raise DataError("missing or empty", path=path, row=row, field="response")
-            samples.append(SFTSample(_check_messages(turn.get("messages"), path, row), resp))
-    if not samples:
-        raise DataError("no SFT samples in file", path=path)
-    return samples
-
-
-def write_sft_samples(path: str | Path, samples: Iterable[SFTSample]) -> int:
-    """Write samples as the per-turn jsonl `load_sft_samples` reads (atomic). Returns the count."""
-    return write_jsonl(path, ({"messages": s.messages, "response": s.response} for s in samples))
 
 
 def tokenize_samples(
@@ -303,29 +227,6 @@ def make_optimizer(model: Any, lr: float, weight_decay: float, warmup_steps: int
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def episode_record(episode: Any) -> EpisodeRecord:
-    """The text of a rollout `Episode` (`mempo.agent.rollout`), context-free."""
-    return EpisodeRecord(episode.question, [
-        {"response": t.response_text.strip(), "observation": t.observation, "short_observation": t.short_observation}
-        for t in episode.turns])
-
-
-def render_episode(record: EpisodeRecord, context: str = "memory", system_prompt: str | None = None) -> list[SFTSample]:
-    """One `SFTSample` per turn: the messages of that turn in `context` ("memory": MemPO's
-    question + last memory + last result; "full": the whole history, Search-R1 style), rebuilt
-    by replaying the context builder, exactly what the policy sees -> the turn's response."""
-    from mempo.agent.context import make_context
-    from mempo.agent.format import SYSTEM_PROMPT, parse_turn
-
-    ctx = make_context(context, record.question, system_prompt or SYSTEM_PROMPT)  # type: ignore[arg-type]
-    out: list[SFTSample] = []
-    for turn in record.turns:
-        response = str(turn["response"])
-        out.append(SFTSample(ctx.messages(), response.strip()))
-        ctx.record_turn(response, parse_turn(response), turn.get("observation"), turn.get("short_observation"))
-    return out
-
-
 def run_sft(params: Any, tracking: bool = True) -> dict[str, Any]:
     """Run the SFT stage: `params` is the whole `mempo.config.Params` (reads `sft`, `agent`,
     `mempo`). Returns the final metrics.
@@ -335,10 +236,12 @@ def run_sft(params: Any, tracking: bool = True) -> dict[str, Any]:
     loss every `eval_every` steps -> `OUT/model` (HF folder), logged to MLflow with the
     metrics and curves. An exception ends the MLflow run FAILED.
     """
+    from mempo.data.sft_split import sft_split_paths
     from mempo.training.stage import tracked
 
     p = params.sft
-    data = {"trajectories": p.trajectories} if p.trajectories else {"world_qa": str(Path(p.world) / "qa")}
+    data = ({"trajectories": p.trajectories} if p.trajectories
+            else dict(zip(("sft_tasks", "sft_val_tasks"), map(str, sft_split_paths(params.data.out)), strict=True)))
     return tracked("sft", tracking, lambda: _run_sft(params), params=p, data={"policy": p.policy, **data})
 
 
@@ -346,6 +249,7 @@ def _run_sft(params: Any) -> dict[str, Any]:
     import torch
     from tqdm import tqdm
 
+    from mempo.data.sft_split import sft_split_paths
     from mempo.tracking import log_metrics
     from mempo.training.sft_data import sft_samples
     from mempo.training.stage import CurvePlot, TrainingStage
@@ -378,7 +282,8 @@ def _run_sft(params: Any) -> dict[str, Any]:
     opt, sched = make_optimizer(model, p.lr, p.weight_decay, p.warmup_steps, total_steps)
     # The run's identity: params plus the contents of what it reads (see grpo.py).
     sources = ({"trajectories": p.trajectories, "val_trajectories": p.val_trajectories} if p.trajectories
-               else {"world": p.world, "retriever": p.retriever})
+               else {"world": p.world, "retriever": p.retriever,
+                     **dict(zip(("tasks", "val_tasks"), sft_split_paths(params.data.out), strict=True))})
     state = stage.resume(p.resume, {"sft": p.model_dump(), "agent": params.agent.model_dump(),
                                     "multi_rule": params.mempo.multi_rule}, {"policy": p.policy, **sources}, opt, sched)
 

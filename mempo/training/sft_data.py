@@ -1,21 +1,30 @@
-"""SFT data: the scripted teacher's correct episodes on the knowledge world, with entity
-renaming, as the SFT stage's training samples.
+"""SFT data: the scripted teacher's correct episodes on the data stage's SFT tasks, with
+entity renaming, or episodes read from a jsonl, as the SFT stage's training samples.
 
     from mempo.training.sft_data import sft_samples, teacher_records
     train, val, stats = sft_samples(params, tokenizer)          # what `mempo train sft` trains on
     with open_retriever("data/world/corpus.jsonl") as r:
         train_r, val_r, stats = teacher_records(params, tokenizer, r)   # episode records only
 
-Tasks are the world's train / val questions (`sft_tasks`: singles plus composed k-objective
-tasks); the teacher (`mempo.agent.teacher.ScriptedTeacher`) runs them through the real
-retriever and tool env, and only episodes it got right are kept (`teacher_episodes`). A
-share of them gets fresh made-up entity names (`rename_entities`), so a small policy learns
-to copy names instead of memorising them. With `sft.trajectories` set, the samples are read
-from that jsonl instead (`mempo.training.sft.load_sft_samples`).
+Tasks are the data stage's SFT split (`data.out/sft.parquet`, `sft_val.parquet`, written by
+`mempo data prepare` from the world's questions: `mempo.data.sft_split`); the teacher
+(`mempo.agent.teacher.ScriptedTeacher`) runs them through the real retriever and tool env,
+and only episodes it got right are kept (`teacher_episodes`). A share of them gets fresh
+made-up entity names (`rename_entities`), so a small policy learns to copy names instead of
+memorising them. With `sft.trajectories` set, the samples are read from that jsonl instead
+(`load_sft_samples`), one of these per line:
+
+    {"messages": [{"role": ..., "content": ...}, ...], "response": "<mem> ... </mem> ..."}
+    {"turns": [{"messages": [...], "response": "..."}, ...], ...}      (one episode)
+    {"question": "...", "turns": [{"response": "...", "observation": "...",
+                                   "short_observation": null}, ...]}   (an episode record)
+
+Episode records are rendered in a context (`render_episode`): the memory agent's prompts or
+the whole history.
 
 Why here and not in `mempo/agent/teacher.py`: the teacher is a turn policy any rollout can
-run; choosing tasks, renaming entities and filtering episodes into SFT records is training
-data preparation, built on `mempo.training.sft`'s record and sample types.
+run; filtering its episodes into SFT records, renaming entities and reading episode files is
+training data preparation, built on `mempo.training.sft`'s sample type.
 """
 
 from __future__ import annotations
@@ -23,20 +32,107 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mempo.errors import DataError
-from mempo.io import write_jsonl
-from mempo.training.sft import (
-    EpisodeRecord,
-    SFTSample,
-    episode_record,
-    load_sft_samples,
-    render_episode,
-    write_sft_samples,
-)
+from mempo.io import iter_jsonl, write_jsonl
+from mempo.tasks import Task
+from mempo.training.sft import SFTSample
+
+
+@dataclass(frozen=True)
+class EpisodeRecord:
+    """One finished episode as text, context-free: the question and, per turn, the response,
+    the environment's observation and its short form (shown once the turn is not the last)."""
+
+    question: str
+    turns: list[dict[str, str | None]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"question": self.question, "turns": self.turns}
+
+
+def _check_messages(messages: Any, path: Path, row: int) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise DataError("must be a non-empty list of {role, content}", path=path, row=row, field="messages")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise DataError("each message needs string 'role' and 'content'", path=path, row=row, field="messages")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def _episode_record(obj: dict[str, Any], path: Path, row: int) -> EpisodeRecord:
+    if not isinstance(obj.get("question"), str) or not obj["question"].strip():
+        raise DataError("missing or empty", path=path, row=row, field="question")
+    turns = obj.get("turns")
+    if not isinstance(turns, list) or not turns:
+        raise DataError("must be a non-empty list of turns", path=path, row=row, field="turns")
+    out: list[dict[str, str | None]] = []
+    for turn in turns:
+        resp = turn.get("response") if isinstance(turn, dict) else None
+        if not isinstance(resp, str) or not resp.strip():
+            raise DataError("each turn needs a non-empty 'response'", path=path, row=row, field="turns")
+        for key in ("observation", "short_observation"):
+            if turn.get(key) is not None and not isinstance(turn[key], str):
+                raise DataError(f"'{key}' must be a string or null", path=path, row=row, field="turns")
+        out.append({"response": resp, "observation": turn.get("observation"),
+                    "short_observation": turn.get("short_observation")})
+    return EpisodeRecord(obj["question"], out)
+
+
+def load_sft_samples(path: str | Path, context: str = "memory") -> list[SFTSample]:
+    """Read SFT samples from a jsonl of turns, episodes or episode records (module docstring);
+    episode records are rendered in `context`."""
+    path = Path(path)
+    samples: list[SFTSample] = []
+    for row, obj in iter_jsonl(path):
+        if "question" in obj and "turns" in obj:
+            samples.extend(render_episode(_episode_record(obj, path, row), context))
+            continue
+        turns = obj.get("turns") if "turns" in obj else [obj]
+        if not isinstance(turns, list):
+            raise DataError("must be a list of turns", path=path, row=row, field="turns")
+        for turn in turns:
+            if not isinstance(turn, dict):
+                raise DataError("each turn must be an object", path=path, row=row, field="turns")
+            resp = turn.get("response")
+            if not isinstance(resp, str) or not resp.strip():
+                raise DataError("missing or empty", path=path, row=row, field="response")
+            samples.append(SFTSample(_check_messages(turn.get("messages"), path, row), resp))
+    if not samples:
+        raise DataError("no SFT samples in file", path=path)
+    return samples
+
+
+def write_sft_samples(path: str | Path, samples: Iterable[SFTSample]) -> int:
+    """Write samples as the per-turn jsonl `load_sft_samples` reads (atomic). Returns the count."""
+    return write_jsonl(path, ({"messages": s.messages, "response": s.response} for s in samples))
+
+
+def episode_record(episode: Any) -> EpisodeRecord:
+    """The text of a rollout `Episode` (`mempo.agent.rollout`), context-free."""
+    return EpisodeRecord(episode.question, [
+        {"response": t.response_text.strip(), "observation": t.observation, "short_observation": t.short_observation}
+        for t in episode.turns])
+
+
+def render_episode(record: EpisodeRecord, context: str = "memory", system_prompt: str | None = None) -> list[SFTSample]:
+    """One `SFTSample` per turn: the messages of that turn in `context` ("memory": MemPO's
+    question + last memory + last result; "full": the whole history, Search-R1 style), rebuilt
+    by replaying the context builder, exactly what the policy sees -> the turn's response."""
+    from mempo.agent.context import make_context
+    from mempo.agent.format import SYSTEM_PROMPT, parse_turn
+
+    ctx = make_context(context, record.question, system_prompt or SYSTEM_PROMPT)  # type: ignore[arg-type]
+    out: list[SFTSample] = []
+    for turn in record.turns:
+        response = str(turn["response"])
+        out.append(SFTSample(ctx.messages(), response.strip()))
+        ctx.record_turn(response, parse_turn(response), turn.get("observation"), turn.get("short_observation"))
+    return out
 
 
 def sft_samples(params: Any, tokenizer: Any) -> tuple[list[SFTSample], list[SFTSample], dict[str, float]]:
@@ -67,12 +163,14 @@ def sft_samples(params: Any, tokenizer: Any) -> tuple[list[SFTSample], list[SFTS
 
 def teacher_records(params: Any, tokenizer: Any, retriever: Any
                     ) -> tuple[list[EpisodeRecord], list[EpisodeRecord], dict[str, float]]:
-    """The teacher's correct (train, val) episodes on `sft.world` as `sft:` asks (questions,
-    compositions, renaming; val episodes are never renamed) and the train statistics."""
+    """The teacher's correct (train, val) episodes on the data stage's SFT tasks (in
+    `data.out`), renamed as `sft.rename_entities` asks (val episodes never are), and the
+    train statistics."""
+    from mempo.data.sft_split import load_sft_split
+
     p = params.sft
     pool = name_word_pool(Path(p.world) / "corpus.jsonl") if p.rename_entities > 0 else None
-    train_tasks = sft_tasks(p.world, "train", p.part or None, p.max_questions, p.multi_k, p.multi_tasks, p.seed)
-    val_tasks = sft_tasks(p.world, "val", None, p.val_questions, p.val_multi_k, p.val_multi_tasks, p.seed)
+    train_tasks, val_tasks = load_sft_split(params.data.out)
     train_r, stats = teacher_episodes(train_tasks, retriever, tokenizer, params.agent, params.mempo.multi_rule,
                                       rename=p.rename_entities, seed=p.seed, name_pool=pool)
     val_r, _ = teacher_episodes(val_tasks, retriever, tokenizer, params.agent, params.mempo.multi_rule)
@@ -93,14 +191,12 @@ def _name_words(name: str) -> list[str]:
     return [w for w in re.findall(r"[A-Za-z]+", name) if w[0].isupper() and w not in GENERIC_NAME_WORDS]
 
 
-def _chain_words(item: Any) -> list[str]:
+def _chain_words(item: Task) -> list[str]:
     """Made-up words of the entity names and values along every hop chain of a task."""
-    from mempo.agent.teacher import objective_chains
-
     words: list[str] = []
-    for chain, _ in objective_chains(item):
-        for hop in chain:
-            for name in (str(hop.get("entity", "")), str(hop.get("value", ""))):
+    for objective in item.objectives:
+        for hop in objective.chain or ():
+            for name in (hop.entity, hop.value):
                 for w in _name_words(name):
                     if w not in words:
                         words.append(w)
@@ -115,7 +211,7 @@ def name_word_pool(corpus: str | Path) -> list[str]:
     return sorted({w for passage in iter_corpus(corpus) for w in _name_words(passage.title)})
 
 
-def rename_entities(samples: Sequence[SFTSample], item: Any, rng: Any,
+def rename_entities(samples: Sequence[SFTSample], item: Task, rng: Any,
                     pool: Sequence[str] | None = None) -> list[SFTSample]:
     """The samples of one episode with every made-up word of its chain's names (subject,
     bridge entities, answer) replaced by a fresh made-up word, consistently in the prompt,
@@ -138,7 +234,7 @@ def rename_entities(samples: Sequence[SFTSample], item: Any, rng: Any,
             for s in samples]
 
 
-def entity_renamer(item: Any, rng: Any, pool: Sequence[str] | None = None) -> Any:
+def entity_renamer(item: Task, rng: Any, pool: Sequence[str] | None = None) -> Any:
     """The text substitution `rename_entities` applies (one fresh word per made-up word of
     the task's chain names, drawn with `rng`), or None when the chains name nothing."""
     from mempo.world.names import fresh_word
@@ -161,33 +257,8 @@ def rename_record(record: EpisodeRecord, sub: Any) -> EpisodeRecord:
                                                 for t in record.turns])
 
 
-def sft_tasks(
-    world: str | Path, split: str, part: str | None, max_questions: int | None,
-    multi_k: Sequence[int], multi_tasks: int, seed: int,
-) -> list[Any]:
-    """The teacher's tasks: single questions of `split` (optionally one `part`) plus
-    `multi_tasks` composed k-objective tasks for each k in `multi_k` (from the same pool)."""
-    from mempo.datasets import load_qa
-    from mempo.tasks import compose_multi_objective
-
-    items = load_qa(Path(world) / "qa" / f"{split}.jsonl")
-    if part:
-        items = [q for q in items if (q.metadata or {}).get("part") == part]
-    if not items:
-        raise DataError(f"no questions with part '{part}'", path=Path(world) / "qa" / f"{split}.jsonl")
-    rng = random.Random(seed)
-    rng.shuffle(items)
-    singles = items[:max_questions] if max_questions else items
-    tasks = list(singles)
-    for k in multi_k:
-        n = min(multi_tasks, len(items) // k)
-        if k > 1 and n > 0:
-            tasks += compose_multi_objective(items, k=k, n_tasks=n, seed=seed + k, id_prefix=f"sft-{split}")
-    return tasks
-
-
 def teacher_episodes(
-    tasks: Sequence[Any], retriever: Any, tokenizer: Any, agent: Any, multi_rule: str = "all",
+    tasks: Sequence[Task], retriever: Any, tokenizer: Any, agent: Any, multi_rule: str = "all",
     rename: float = 0.0, seed: int = 0, name_pool: Sequence[str] | None = None,
 ) -> tuple[list[EpisodeRecord], dict[str, float]]:
     """Run the scripted teacher on `tasks` through the real retriever and keep the episodes it

@@ -46,12 +46,11 @@ def adhoc_report_dir(params: ValidateParams, suite: str, data: str | Path) -> Pa
 def eval_questions(paths: Sequence[str | Path]) -> list[str]:
     """Every question of the evaluation sets (and of each multi-objective task's objectives)."""
     from mempo.datasets import load_qa
-    from mempo.tasks import objectives_of
 
     out: list[str] = []
     for p in paths:
         for item in load_qa(p):
-            out.extend(o["question"] for o in objectives_of(item))
+            out.extend(o.question for o in item.objectives)
     return out
 
 
