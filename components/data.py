@@ -8,7 +8,8 @@ from components.images import BASE_IMAGE
 
 @dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)
 def data_op(params_file: str, overrides: dict, world: Input[Dataset], data: Output[Dataset]) -> int:
-    """Writes `data/{train,val}.parquet` and its summary; returns the row count."""
+    """Writes `data/{train,val}.parquet`, the SFT teacher's tasks `data/{sft,sft_val}.parquet`
+    and the summary; returns the row count."""
     import os
 
     from mempo.config import load_params
@@ -23,6 +24,7 @@ def data_op(params_file: str, overrides: dict, world: Input[Dataset], data: Outp
         ],
         "data.eval_sets": [os.path.join(qa, "test.jsonl")],
         "data.out": data.path,
+        "sft.world": world.path,
         "validate.out": os.path.join(os.path.dirname(data.path), "validation"),
     })
     result = run_data_stage(params.data, params.validation, params)

@@ -15,12 +15,14 @@ def sft_op(
     parent_run_id: str,
     policy: Input[Model],
     world: Input[Dataset],
+    data: Input[Dataset],
     index: Input[Artifact],
     sft: Output[Model],
     metrics: Output[Metrics],
 ) -> None:
-    """Writes `sft/model` (HF folder) and its curves; retrieves through `retriever_url` if set,
-    else in process from the index artifact."""
+    """Writes `sft/model` (HF folder) and its curves: the teacher solves the data step's SFT
+    tasks (`data/sft.parquet`); retrieves through `retriever_url` if set, else in process
+    from the index artifact."""
 
     from mempo.config import load_params
     from mempo.tracking import use_tracking
@@ -28,7 +30,7 @@ def sft_op(
 
     use_tracking(mlflow_uri, parent_run_id)
     params = load_params(params_file, overrides={
-        **overrides, "sft.policy": policy.path, "sft.world": world.path,
+        **overrides, "sft.policy": policy.path, "sft.world": world.path, "data.out": data.path,
         "sft.retriever": retriever_url or index.path, "sft.out": sft.path,
     })
     result = run_sft(params)

@@ -92,7 +92,8 @@ def build_pipeline(gpu: bool):
         policy = policy_op(**common, world=world.outputs["world"]).set_display_name("base policy")
         size(policy, "4", "32Gi")
         sft = sft_op(**common, retriever_url=retriever_url, mlflow_uri=mlflow_uri, parent_run_id=run_id,
-                     policy=policy.outputs["policy"], world=world.outputs["world"], index=index.outputs["index"])
+                     policy=policy.outputs["policy"], world=world.outputs["world"], data=data.outputs["data"],
+                     index=index.outputs["index"])
         size(sft.set_display_name("SFT cold start").set_retry(2), "16", "256Gi", gpus=8)
         retriever_token(sft)
         if gpu:

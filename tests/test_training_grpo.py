@@ -67,7 +67,13 @@ def test_full_history_turns_merge_into_one_sample_with_the_same_loss_per_respons
     import torch
 
     from mempo.training.runtime import load_policy
-    from mempo.training.sft import TokenizedSample, collate, merge_prefix_turns, token_loss, tokenize_samples
+    from mempo.training.sft import (
+        TokenizedSample,
+        collate,
+        merge_prefix_turns,
+        token_loss,
+        tokenize_samples,
+    )
     from mempo.training.sft_data import load_sft_samples
 
     labels = collate([TokenizedSample([5, 6, 7, 8, 9, 10], 6, None, ((1, 3), (4, 6)))], pad_id=0)["labels"]

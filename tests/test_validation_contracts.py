@@ -198,6 +198,29 @@ def test_prepared_contract_catches_schema_agent_and_leakage(
     assert schema.sample_rows == [{"column": "ability", "present": False}]
 
 
+def test_sft_split_passes_and_a_broken_hop_chain_fails(tiny_world: Path, tmp_path: Path) -> None:
+    from mempo.config import load_params
+    from mempo.data.schema import write_prepared
+    from mempo.data.sft_split import write_sft_split
+
+    p = load_params(None, {"sft.world": str(tiny_world), "sft.max_questions": 20, "sft.multi_tasks": 3,
+                           "sft.val_questions": 5, "sft.val_multi_tasks": 2})
+    write_sft_split(p.sft, tmp_path / "data")
+    reports = validate_data("prepared", tmp_path / "data", ValidateParams(out=str(tmp_path / "ok")),
+                            eval_sets=[tiny_world / "qa/test.jsonl"])
+    assert [Path(r.data).name for r in reports] == ["sft.parquet", "sft_val.parquet"]
+    assert all(r.success for r in reports)
+    rows = pq.read_table(tmp_path / "data" / "sft.parquet").to_pylist()
+    assert all(o["chain"] for r in rows for o in r["extra_info"]["objectives"])  # the teacher's hops kept
+    rows[2]["extra_info"]["objectives"][0]["chain"][0]["value"] = " "
+    write_prepared(rows, tmp_path / "bad" / "sft.parquet")
+    with pytest.raises(ValidationFailed) as info:
+        validate_data("prepared", tmp_path / "bad" / "sft.parquet", ValidateParams(out=str(tmp_path / "v")))
+    failed = {o.description: o for o in info.value.report.failed}  # type: ignore[attr-defined]
+    [objectives] = [o for d, o in failed.items() if d.startswith("extra_info.objectives has k entries")]
+    assert [r["line"] for r in objectives.sample_rows] == [3]
+
+
 def test_eval_contract_checks_ranges_and_one_row_per_question(tmp_path: Path) -> None:
     samples = pd.DataFrame({
         "agent": ["memory", "memory", "memory"], "benchmark": ["world"] * 3,

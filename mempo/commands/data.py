@@ -1,4 +1,5 @@
-"""`mempo data prepare`: QA sets -> verl-schema train/val parquet (params: `data:`)."""
+"""`mempo data prepare`: QA sets -> verl-schema train/val parquet (params: `data:`), and the
+SFT teacher's task split sft/sft_val parquet (the `sft:` task-mix keys)."""
 
 from __future__ import annotations
 

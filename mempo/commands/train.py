@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     sft = add_subparser(tsub, "sft", "cold start on correct memory-format trajectories")
     sft.add_argument("--policy", default=None, help="model folder to start from (params: sft.policy)")
-    sft.add_argument("--world", default=None, help="knowledge world for the scripted teacher (params: sft.world)")
+    sft.add_argument("--world", default=None, help="knowledge world: its corpus names the renamed entities (params: sft.world)")
+    sft.add_argument("--data", default=None, help="prepared data folder with the teacher's sft.parquet / sft_val.parquet (params: data.out)")
     sft.add_argument("--retriever", default=None, help="index folder, corpus .jsonl or http URL (params: sft.retriever)")
     sft.add_argument("--trajectories", default=None, help="jsonl of trajectories instead of the teacher (params: sft.trajectories)")
     sft.add_argument("--out", default=None, help="output folder (params: sft.out)")
@@ -73,7 +74,7 @@ def _sft(args: argparse.Namespace) -> int:
     params = params_from(args, {
         "sft.policy": args.policy, "sft.world": args.world, "sft.retriever": args.retriever,
         "sft.trajectories": args.trajectories, "sft.out": args.out, "sft.max_steps": args.max_steps,
-        "sft.device": args.device, "sft.seed": args.seed, "sft.resume": args.resume,
+        "sft.device": args.device, "sft.seed": args.seed, "sft.resume": args.resume, "data.out": args.data,
     })
     metrics = run_sft(params)
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))

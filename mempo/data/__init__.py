@@ -3,16 +3,28 @@
     mempo data prepare                        # params.yaml `data:`
     from mempo.data import prepare_data, load_prepared
 
-See `prepare` for the steps (gates, dedup, leakage, compositions) and `schema` for the
-columns and the loader (`load_prepared`).
+See `prepare` for the steps (gates, dedup, leakage, compositions), `schema` for the columns
+and the loader (`load_prepared`), and `sft_split` for the SFT teacher's task split.
+
+The names below load on first use, so `mempo.data.sft_split` imports without pydantic (the
+bare GPU machine's smoke run composes SFT tasks with it, and has no pydantic).
 """
 
 from __future__ import annotations
 
-from mempo.data.prepare import PrepareResult, prepare_data, run_data_stage
-from mempo.data.schema import AGENT_NAME, PREPARED_SCHEMA, PreparedTask, load_prepared, to_verl_row
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "AGENT_NAME", "PREPARED_SCHEMA", "PrepareResult", "PreparedTask", "load_prepared",
-    "prepare_data", "run_data_stage", "to_verl_row",
-]
+_HOME = {
+    "PrepareResult": "prepare", "prepare_data": "prepare", "run_data_stage": "prepare",
+    "AGENT_NAME": "schema", "PREPARED_SCHEMA": "schema", "PreparedTask": "schema", "load_prepared": "schema",
+    "to_verl_row": "schema",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'mempo.data' has no attribute {name!r}")
+    return getattr(import_module(f"mempo.data.{_HOME[name]}"), name)

@@ -1,6 +1,6 @@
 """SFT cold start: teach the policy the memory format from correct trajectories.
 
-    mempo train sft --policy outputs/policy --world data/world --out outputs/sft
+    mempo train sft --policy outputs/policy --data data/prepared --out outputs/sft   # after `mempo data prepare`
     mempo train sft --policy outputs/policy --trajectories my_trajs.jsonl --out outputs/sft
 
 One training sample per assistant turn: the memory-context prompt of that turn (system,

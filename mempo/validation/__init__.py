@@ -2,7 +2,7 @@
 
     mempo validate --suite corpus --data data/world/corpus.jsonl
     mempo validate --suite qa --data data/world/qa/train.jsonl
-    mempo validate --suite prepared --data data/prepared          # train.parquet + val.parquet
+    mempo validate --suite prepared --data data/prepared          # train, val, sft, sft_val.parquet
     mempo validate --suite eval --data outputs/eval
 
     from mempo.validation import validate_data

@@ -11,7 +11,8 @@ A contract is one or more batches, each a suite over a stream of diagnostic fram
   unique; at least one question.
 - `prepared`: the parquet has every column verl reads; prompt is chat messages ending in a
   user message that holds the question, exactly as the current prompt module builds it; `reward_model` is `rule` with a non-empty target
-  list; `extra_info` has index, id, split, question, k and k objectives with answers;
+  list; `extra_info` has index, id, split, question, k and k objectives with answers (and a
+  null or well-formed hop chain each);
   `agent_name` is `mem_agent`; no objective's question is in an evaluation set; ids unique.
 - `eval`: per-sample outputs have their key columns, one row per key, rate metrics in
   [0, 1], counts (turns, tokens, latency) not negative; `metrics.json` values are finite,
@@ -213,7 +214,8 @@ def prepared_contract(
         _col("ExpectColumnValuesToBeInSet", "split", "extra_info.split is train or val",
              value_set=["train", "val"]),
         _col("ExpectColumnValuesToBeBetween", "k", f"k is 1..{MAX_K} objectives", min_value=1, max_value=MAX_K),
-        _true("objectives_ok", "extra_info.objectives has k entries, each a question with answers"),
+        _true("objectives_ok", "extra_info.objectives has k entries, each a question with answers "
+              "and a null or well-formed hop chain"),
         _col("ExpectColumnValuesToBeInSet", "agent_name", f"agent_name is '{AGENT_NAME}'",
              value_set=[AGENT_NAME]),
         _col("ExpectColumnValuesToNotBeNull", "agent_name", "every row names its agent loop"),

@@ -245,6 +245,15 @@ def _first_turn(question: str) -> list[dict[str, str]]:
     return build_messages(question)
 
 
+def _chain_ok(chain: Any) -> bool:
+    """An objective's hop chain: absent (null), or hops with entity, relation and value text."""
+    if chain is None:
+        return True
+    return isinstance(chain, list | tuple | np.ndarray) and len(chain) > 0 and all(
+        isinstance(h, dict) and all(_is_text(h.get(key)) for key in ("entity", "relation", "value"))
+        for h in chain)
+
+
 def prepared_row(
     line: int, rec: dict[str, Any], normalize: Callable[[str], str] | None, eval_norms: set[str]
 ) -> dict[str, Any]:
@@ -271,7 +280,8 @@ def prepared_row(
         and all(isinstance(o, dict) and _is_text(o.get("question"))
                 and isinstance(o.get("golden_answers"), list | tuple | np.ndarray)
                 and len(o["golden_answers"]) > 0
-                and all(_answer_ok(a) for a in o["golden_answers"]) for o in objectives)
+                and all(_answer_ok(a) for a in o["golden_answers"]) and _chain_ok(o.get("chain"))
+                for o in objectives)
     )
     overlap = None
     if normalize is not None and objectives_ok:
