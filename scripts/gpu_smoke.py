@@ -302,12 +302,8 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
     from mempo.agent.format import ANSWER_PROBE_PREFIX, render_prompt
     from mempo.agent.generation import HFGenerator
     from mempo.agent.rollout import full_context_messages
-    from mempo.training.grpo import (
-        build_turn_samples,
-        fill_logprobs,
-        make_rollout_setup,
-        update_policy,
-    )
+    from mempo.training.grpo import make_rollout_setup
+    from mempo.training.grpo_update import build_turn_samples, fill_logprobs, update_policy
     from mempo.training.rollouts import lockstep_episodes
 
     items = load_qa(work / "world" / "qa" / "train.jsonl")

@@ -1,4 +1,4 @@
-"""mempo.training.grpo.build_turn_samples: A^T everywhere, lambda_mem * A^M on <mem> tokens only."""
+"""mempo.training.grpo_update.build_turn_samples: A^T everywhere, lambda_mem * A^M on <mem> tokens only."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def step_batch():
 
 def test_lambda_mem_zero_leaves_mem_tokens_with_exactly_a_t(step_batch) -> None:
     from mempo.advantage import grpo_outcome_advantage
-    from mempo.training.grpo import build_turn_samples
+    from mempo.training.grpo_update import build_turn_samples
 
     eps, groups, outcome, mem_r, mp = step_batch
     samples, adv = build_turn_samples(eps, groups, outcome, mem_r, 0.0, mp)
@@ -48,7 +48,7 @@ def test_lambda_mem_zero_leaves_mem_tokens_with_exactly_a_t(step_batch) -> None:
 
 
 def test_lambda_mem_adds_memory_advantage_on_mem_tokens_only(step_batch) -> None:
-    from mempo.training.grpo import build_turn_samples
+    from mempo.training.grpo_update import build_turn_samples
 
     eps, groups, outcome, mem_r, mp = step_batch
     lam = 0.5
@@ -63,7 +63,7 @@ def test_lambda_mem_adds_memory_advantage_on_mem_tokens_only(step_batch) -> None
 
 
 def test_weights_make_a_token_mean_per_trajectory(step_batch) -> None:
-    from mempo.training.grpo import build_turn_samples
+    from mempo.training.grpo_update import build_turn_samples
 
     eps, groups, outcome, mem_r, mp = step_batch
     samples, _ = build_turn_samples(eps, groups, outcome, mem_r, 1.0, mp)

@@ -28,7 +28,7 @@ def test_merged_full_history_turn_records_give_the_same_policy_gradient(setup: d
     import torch
 
     from mempo.config import load_params
-    from mempo.training.grpo import TurnSample, merge_turn_samples, update_policy
+    from mempo.training.grpo_update import TurnSample, merge_turn_samples, update_policy
     from mempo.training.runtime import load_policy
     from mempo.training.sft import tokenize_samples
     from mempo.training.sft_data import load_sft_samples

@@ -40,10 +40,10 @@ def _episodes(seed: int = 0) -> list[dict]:
 def _local_advantages(eps, cfg: MempoAdvantageConfig) -> dict[tuple[str, int, int], torch.Tensor]:
     """The local trainer's advantages for the same rollouts: its R^M (core
     `memory_reward_from_scores`, which `memory_reward` applies to the probe scores) and its
-    `mempo.training.grpo.build_turn_samples`."""
+    `mempo.training.grpo_update.build_turn_samples`."""
     from mempo.agent.rollout import Episode, TurnRecord
     from mempo.config import MempoParams
-    from mempo.training.grpo import build_turn_samples
+    from mempo.training.grpo_update import build_turn_samples
 
     episodes = []
     for e in eps:

@@ -1,6 +1,6 @@
 """Runs of consecutive items where each extends the one before: the turns of one
 full-history episode, whose prompts grow by the last response and observation. SFT
-(`sft.merge_prefix_turns`) and GRPO (`grpo.merge_turn_samples`) merge each run into one
+(`sft.merge_prefix_turns`) and GRPO (`grpo_update.merge_turn_samples`) merge each run into one
 sequence; this is the grouping both use.
 
     chained_runs([a, b, c], lambda prev, cur: ...)  # -> [[a, b], [c]]
