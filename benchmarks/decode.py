@@ -238,7 +238,7 @@ def time_decode(model: Any, tok: Any, prompts: list[list[int]], batches: list[in
 
 def time_rollouts(model: Any, tok: Any, world: Path, questions: int, n_rollouts: int,
                   max_new_tokens: int = 0, max_turns: int = 0) -> dict[str, Any]:
-    """GRPO rollouts (lockstep, params.yaml `agent:`/`train:` settings, sampled) once per
+    """GRPO rollouts (lockstep, params.yaml `rollout:` with `train.rollout`, sampled) once per
     decoder on the same tasks with the same seed: response tokens/s and wall time.
     `max_new_tokens` / `max_turns` (0 = params.yaml) shrink the quick run."""
     import torch
@@ -250,19 +250,20 @@ def time_rollouts(model: Any, tok: Any, world: Path, questions: int, n_rollouts:
     from mempo.training.rollouts import lockstep_episodes
 
     params = load_params(None)
-    agent, tp = params.agent, params.train
+    tp = params.train
+    agent = tp.rollout_params()  # `rollout:` with `train.rollout` over it
     if max_new_tokens or max_turns:
-        tp = tp.model_copy(update={"max_new_tokens": max_new_tokens or tp.max_new_tokens,
-                                   "max_turns": max_turns or tp.max_turns})
-        agent = agent.model_copy(update={"turns_per_objective": max_turns or agent.turns_per_objective})
+        agent = agent.model_copy(update={"max_new_tokens": max_new_tokens or agent.max_new_tokens,
+                                         "max_turns": max_turns or agent.max_turns,
+                                         "turns_per_objective": max_turns or agent.turns_per_objective})
     items = load_qa(world / "qa" / "train.jsonl")[:questions]
     out: dict[str, Any] = {"batch_questions": questions, "n_rollouts": n_rollouts,
-                           "max_new_tokens": tp.max_new_tokens or agent.max_new_tokens,
-                           "max_turns": tp.max_turns or agent.max_turns,
+                           "max_new_tokens": agent.max_new_tokens,
+                           "max_turns": agent.max_turns,
                            "turns_per_objective": agent.turns_per_objective,
                            "temperature": agent.temperature, "context": agent.context}
     with open_retriever(str(world / "corpus.jsonl")) as retriever:
-        setup = make_rollout_setup(retriever, tok, agent, tp)
+        setup = make_rollout_setup(retriever, tok, agent)
         for kind in DECODERS:
             gen = _generator(kind, model, tok, tp.generation_batch_size)
             torch.manual_seed(tp.seed)
@@ -288,8 +289,6 @@ def time_eval(policy: Path, world: Path, limit: int, benchmarks: list[str], agen
               turns_per_objective: int, max_new_tokens: int = 0) -> dict[str, Any]:
     """`evaluate_items` on the same tasks with each decoder (params.yaml `eval:` settings, but
     `turns_per_objective` turns per objective and, when > 0, `max_new_tokens` a turn)."""
-    import dataclasses
-
     from mempo.config import load_params
     from mempo.evaluation.agent_runner import evaluate_items
     from mempo.evaluation.benchmarks import load_benchmarks
@@ -297,16 +296,18 @@ def time_eval(policy: Path, world: Path, limit: int, benchmarks: list[str], agen
     from mempo.evaluation.settings import EvalSettings
 
     ep = load_params(None).eval
-    settings = dataclasses.replace(EvalSettings.from_params(ep), max_turns=turns_per_objective,
-                                   max_new_tokens=max_new_tokens or ep.max_new_tokens)
+    rollout = ep.rollout_params()
+    rollout = rollout.model_copy(update={"turns_per_objective": turns_per_objective,
+                                         "max_new_tokens": max_new_tokens or rollout.max_new_tokens})
+    settings = EvalSettings.from_params(ep, rollout=rollout)
     tasks = load_benchmarks(benchmarks, {"world": str(world / "qa" / "test.jsonl")}, limit=limit, seed=ep.seed)
     out: dict[str, Any] = {"benchmarks": {b: len(v) for b, v in tasks.items()}, "agents": agents,
-                           "max_new_tokens": settings.max_new_tokens, "concurrency": settings.concurrency,
-                           "turns_per_objective": settings.max_turns, "memory_probe": settings.memory_probe}
+                           "max_new_tokens": rollout.max_new_tokens, "concurrency": rollout.max_concurrent_episodes,
+                           "turns_per_objective": rollout.turns_per_objective, "memory_probe": settings.memory_probe}
     answers: dict[str, list[Any]] = {}
     for kind in DECODERS:
         engine = load_engine(policy, policy, backend="hf", retriever=str(world / "corpus.jsonl"),
-                             concurrency=settings.concurrency, decoder=kind)
+                             concurrency=rollout.max_concurrent_episodes, decoder=kind)
         t0 = time.perf_counter()
         rows = evaluate_items(tasks, agents, engine, settings)
         wall = time.perf_counter() - t0

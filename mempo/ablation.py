@@ -33,7 +33,7 @@ from mempo.errors import ConfigError, MempoError
 # the others are read against.
 ABLATIONS: dict[str, dict[str, Any]] = {
     "mempo": {},
-    "no-mem-adv": {"train.lambda_mem": 0.0},        # outcome advantage only (plain GRPO, MEM1-style)
+    "no-mem-adv": {"mempo.lambda_mem": 0.0},        # outcome advantage only (plain GRPO, MEM1-style)
     "eps-previous": {"mempo.eps": "previous"},      # baseline: the previous turn's memory, not the full history
     "eps-none": {"mempo.eps": "none"},              # memory reward without a baseline
     "prob": {"mempo.form": "prob"},                 # probabilities instead of log-probabilities
@@ -42,7 +42,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 EXPERIMENT_SETTINGS: dict[str, Any] = {"register.model_name": "mempo-agent-ablation"}
 MLFLOW_EXPERIMENT = "mempo-ablations"
 # Columns `dvc exp show` keeps: the ablated params and the headline metrics.
-SHOW_KEEP = r"^(Experiment|train\.lambda_mem|mempo\.eps|mempo\.form|em\..*|tokens\..*|train\.(reward|kl))$"
+SHOW_KEEP = r"^(Experiment|mempo\.lambda_mem|mempo\.eps|mempo\.form|em\..*|tokens\..*|train\.(reward|kl))$"
 
 
 def hydra_value(value: Any) -> str:

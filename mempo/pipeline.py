@@ -77,10 +77,10 @@ TINY_OVERRIDES: dict[str, Any] = {
     "policy.vocab_size": 400, "policy.copy_steps": 2,
     "sft.max_questions": 8, "sft.multi_tasks": 0, "sft.val_questions": 4, "sft.val_multi_tasks": 0, "sft.max_steps": 2,
     "sft.eval_every": 2, "sft.warmup_steps": 0,
-    "train.steps": 1, "train.batch_questions": 2, "train.n_rollouts": 2, "train.max_turns": 2,
-    "train.max_new_tokens": 24, "train.checkpoint_every": 1,
-    "eval.limit": 2, "eval.benchmarks": ["world"], "eval.agents": ["memory"], "eval.max_turns": 2,
-    "eval.max_new_tokens": 24, "eval.memory_probe": False,
+    "train.steps": 1, "train.batch_questions": 2, "train.n_rollouts": 2, "train.rollout.max_turns": 2,
+    "train.rollout.max_new_tokens": 24, "train.checkpoint_every": 1,
+    "eval.limit": 2, "eval.benchmarks": ["world"], "eval.agents": ["memory"],
+    "eval.rollout.turns_per_objective": 2, "eval.rollout.max_new_tokens": 24, "eval.memory_probe": False,
     "promote.floors": {},  # a 2-step SFT policy never answers; the tiny run checks the wiring, not quality
     "promote.min_eval_n": 1,
 }

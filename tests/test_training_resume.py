@@ -61,7 +61,7 @@ def test_grpo_never_continues_checkpoints_of_another_start_policy(
     params = load_params(None, {
         "train.policy": str(policy), "train.data": str(inputs["data"]),
         "train.retriever": str(inputs["world"] / "corpus.jsonl"), "train.out": str(out), "train.steps": 2,
-        "train.batch_questions": 1, "train.n_rollouts": 2, "train.max_new_tokens": 8, "train.max_turns": 1,
+        "train.batch_questions": 1, "train.n_rollouts": 2, "train.rollout.max_new_tokens": 8, "train.rollout.max_turns": 1,
         "train.checkpoint_every": 1, "train.threads": 1, "train.kl_coef": 0.0,
     })
     with monkeypatch.context() as m:
@@ -90,7 +90,7 @@ def test_grpo_resumes_its_own_run_then_retires(
     params = load_params(None, {
         "train.policy": str(inputs["policy"]), "train.data": str(inputs["data"]),
         "train.retriever": str(inputs["world"] / "corpus.jsonl"), "train.out": str(out), "train.steps": 2,
-        "train.batch_questions": 1, "train.n_rollouts": 2, "train.max_new_tokens": 8, "train.max_turns": 1,
+        "train.batch_questions": 1, "train.n_rollouts": 2, "train.rollout.max_new_tokens": 8, "train.rollout.max_turns": 1,
         "train.checkpoint_every": 1, "train.threads": 1, "train.kl_coef": 0.0,
     })
     with monkeypatch.context() as m:

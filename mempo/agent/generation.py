@@ -250,7 +250,7 @@ def make_generator(model: Any, tokenizer: Any, kind: str = "fast", batch_size: i
         return FastGenerator(model, tokenizer, batch_size=batch_size)
     if kind == "hf":
         return HFGenerator(model, tokenizer, batch_size=batch_size)
-    raise ConfigError(f"unknown decoder '{kind}' (choose from {', '.join(DECODERS)})", field="agent.decoder")
+    raise ConfigError(f"unknown decoder '{kind}' (choose from {', '.join(DECODERS)})", field="rollout.decoder")
 
 
 class OpenAIGenerator:

@@ -17,7 +17,7 @@ jsonl, one of these per line:
     {"question": "...", "turns": [{"response": "...", "observation": "...",
                                    "short_observation": null}, ...]}   (an episode record)
 
-Episode records are rendered in `agent.context`: the memory agent's prompts (MemPO) or the
+Episode records are rendered in `rollout.context`: the memory agent's prompts (MemPO) or the
 whole history (the Search-R1-style baseline), so both policies learn from the same teacher
 episodes. The teacher's correct episodes (`mempo.training.sft_data`) are written as records
 to `OUT/trajectories/{train,val}_episodes.jsonl` (and, rendered, to `{train,val}.jsonl`); the
@@ -379,7 +379,7 @@ def _run_sft(params: Any) -> dict[str, Any]:
     # The run's identity: params plus the contents of what it reads (see grpo.py).
     sources = ({"trajectories": p.trajectories, "val_trajectories": p.val_trajectories} if p.trajectories
                else {"world": p.world, "retriever": p.retriever})
-    state = stage.resume(p.resume, {"sft": p.model_dump(), "agent": params.agent.model_dump(),
+    state = stage.resume(p.resume, {"sft": p.model_dump(), "rollout": params.rollout.model_dump(),
                                     "multi_rule": params.mempo.multi_rule}, {"policy": p.policy, **sources}, opt, sched)
 
     pad_id = tok.pad_token_id
@@ -431,6 +431,6 @@ def _run_sft(params: Any) -> dict[str, Any]:
         "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
         **{f"data_{k}" if not k.startswith("data") else k: v for k, v in data_stats.items()},
     }
-    stage.finish({"kind": "sft", "base": str(p.policy), "steps": state.step, "context": params.agent.context},
+    stage.finish({"kind": "sft", "base": str(p.policy), "steps": state.step, "context": params.rollout.context},
                  metrics, state.history, [CurvePlot(["loss", "val_loss"], "sft_loss.png", "SFT loss")], "sft_final")
     return metrics
