@@ -30,6 +30,7 @@ issue's measurement); evaluation wall time >= 3x shorter.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -87,16 +88,11 @@ def tiny_policy(world: Path, work: Path, quick: bool) -> tuple[Any, Any, Path]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mempo.config import load_params
     from mempo.policy.tiny import TinyPolicySpec, bootstrap_tiny
 
-    p = load_params(None).policy
-    spec = TinyPolicySpec(vocab_size=p.vocab_size, hidden_size=p.hidden_size, intermediate_size=p.intermediate_size,
-                          num_layers=p.num_layers, num_heads=p.num_heads, num_kv_heads=p.num_kv_heads,
-                          max_positions=p.max_positions, max_token_chars=p.max_token_chars, seed=p.seed,
-                          copy_steps=0)
+    spec = TinyPolicySpec(copy_steps=0)  # the `policy:` defaults, without the copy warm-up
     if quick:  # the unit test's size: a smaller tokenizer trains faster
-        spec = TinyPolicySpec(**{**spec.__dict__, "vocab_size": 600})
+        spec = dataclasses.replace(spec, vocab_size=600)
     out = work / ("tiny-policy-quick" if quick else "tiny-policy")
     if not (out / "config.json").exists():
         bootstrap_tiny(out, world / "corpus.jsonl", [world / "qa" / "train.jsonl"], spec=spec)

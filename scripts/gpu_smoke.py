@@ -229,7 +229,7 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
 
     # world + tiny policy
     from mempo.datasets import iter_corpus, load_qa
-    from mempo.policy.tiny import bootstrap_tiny
+    from mempo.policy.tiny import TinyPolicySpec, bootstrap_tiny
     from mempo.world.generate import generate_world
 
     meter = Meter(device)
@@ -238,7 +238,8 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
     phases["world"] = meter.row()
     corpus = work / "world" / "corpus.jsonl"
     with meter:
-        bootstrap_tiny(work / "policy", corpus, [work / "world" / "qa" / "train.jsonl"])
+        bootstrap_tiny(work / "policy", corpus, [work / "world" / "qa" / "train.jsonl"],
+                       spec=TinyPolicySpec(copy_steps=0))
     phases["policy"] = meter.row()
     model, tok = load_policy(work / "policy", device, "float32")
     result["policy_parameters"] = sum(p.numel() for p in model.parameters())

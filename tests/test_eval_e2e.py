@@ -26,10 +26,11 @@ from mempo.evaluation.runner import run_eval
 @pytest.fixture(scope="module")
 def tiny_policy(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained tiny Qwen2 policy (BPE tokenizer trained on the tiny world)."""
-    from mempo.policy.tiny import bootstrap_tiny
+    from mempo.policy.tiny import TinyPolicySpec, bootstrap_tiny
 
     out = tmp_path_factory.mktemp("policy") / "tiny"
-    bootstrap_tiny(out, tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"])
+    bootstrap_tiny(out, tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"],
+                   spec=TinyPolicySpec(copy_steps=0))
     return out
 
 

@@ -67,7 +67,7 @@ def test_the_study_evaluates_with_the_eval_stages_own_code(learning, tiny_world:
     policy, corpus = tmp_path / "policy", tiny_world / "corpus.jsonl"
     bootstrap_tiny(policy, corpus, [tiny_world / "qa" / "train.jsonl"],
                    spec=TinyPolicySpec(vocab_size=400, hidden_size=32, intermediate_size=64, num_layers=1,
-                                       num_heads=2, num_kv_heads=1, seed=1))
+                                       num_heads=2, num_kv_heads=1, seed=1, copy_steps=0))
     params = learning._params
     short = {"eval.rollout.max_new_tokens": 24, "eval.rollout.turns_per_objective": 2, "eval.rollout.max_turns": 4}
     monkeypatch.setattr(learning, "_params", lambda over: params({**short, **over}))

@@ -107,7 +107,8 @@ def setup(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 
     root = tmp_path_factory.mktemp("training")
     bootstrap_tiny(root / "policy", tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"],
-                   spec=TinyPolicySpec(vocab_size=500, hidden_size=64, intermediate_size=128, seed=1))
+                   spec=TinyPolicySpec(vocab_size=500, hidden_size=64, intermediate_size=128, seed=1,
+                                       copy_steps=0))
     corpus = str(tiny_world / "corpus.jsonl")
     params = load_params(None, {
         "sft.policy": str(root / "policy"), "sft.world": str(tiny_world), "sft.retriever": corpus,

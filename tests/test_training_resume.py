@@ -21,7 +21,7 @@ def inputs(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     root = tmp_path_factory.mktemp("resume")
     bootstrap_tiny(root / "policy", tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"],
                    spec=TinyPolicySpec(vocab_size=400, hidden_size=32, intermediate_size=64, num_layers=1,
-                                       num_heads=2, num_kv_heads=1, seed=1))
+                                       num_heads=2, num_kv_heads=1, seed=1, copy_steps=0))
     train = [q for q in load_qa(tiny_world / "qa" / "train.jsonl") if q.metadata.get("part") == "rl"]
     write_prepared([to_verl_row(q, data_source="world", split="train", index=i) for i, q in enumerate(train)],
                    root / "data" / "train.parquet")
