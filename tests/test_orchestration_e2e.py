@@ -25,7 +25,7 @@ import mlflow
 import pytest
 import yaml
 
-from mempo.pipeline import TINY_OVERRIDES, write_params_with
+from mempo.config import profile_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -51,18 +51,18 @@ def _run(cmd: list[str], cwd: Path, timeout: float = 900, **env: str) -> subproc
 
 @pytest.fixture(scope="module")
 def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """A fresh clone of the committed tree with the tiny params, after one `mempo pipeline run`.
+    """A fresh clone of the committed tree after one `mempo pipeline run --params params.tiny.yaml`.
 
     Commit your work first: like a user's clone, this sees only what git has. Its stages run
     the clone's own code (PYTHONPATH).
     """
     root = tmp_path_factory.mktemp("project") / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(root)], check=True, capture_output=True)
-    write_params_with(root / "params.yaml", root / "params.yaml", TINY_OVERRIDES)
-    _git(root, "commit", "-qam", "tiny profile")
     t0 = time.perf_counter()
-    first = _run([str(BIN / "mempo"), "pipeline", "run"], root)
-    return {"root": root, "first": first, "first_seconds": time.perf_counter() - t0}
+    first = _run([str(BIN / "mempo"), "pipeline", "run", "--params", "params.tiny.yaml"], root)
+    seconds = time.perf_counter() - t0
+    _git(root, "commit", "-qm", "tiny profile", "params.yaml")  # what --params wrote; dvc.lock stays uncommitted
+    return {"root": root, "first": first, "first_seconds": seconds}
 
 
 def _git(root: Path, *args: str) -> str:
@@ -177,7 +177,7 @@ def test_lambda_mem_change_reruns_only_train_eval_register(tiny_project: dict) -
         dry = _run([str(BIN / "dvc"), "repro", "--dry", "--force-downstream"], root)
         assert sorted(_ran(dry)) == ["eval", "register", "train"]
     finally:
-        params["mempo"]["lambda_mem"] = TINY_OVERRIDES.get("mempo.lambda_mem", 1.0)
+        params["mempo"]["lambda_mem"] = profile_overrides(REPO / "params.tiny.yaml").get("mempo.lambda_mem", 1.0)
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 

@@ -34,6 +34,7 @@ from mempo.config.loading import (
     load_params,
     params_flat,
     parse_override,
+    profile_overrides,
 )
 from mempo.config.stages import (
     BenchmarksParams,
@@ -60,5 +61,5 @@ __all__ = [
     "PipelineParams", "PolicyParams", "PromoteParams", "RegisterParams", "RolloutParams", "SFTParams",
     "Section", "ServeParams", "ServiceLimitParams", "TrainParams", "TrainRollout", "ValidateBounds",
     "ValidateParams", "VerlParams", "WorldParams", "_set_dotted", "load_params", "params_flat",
-    "parse_override", "resolve_rollout",
+    "parse_override", "profile_overrides", "resolve_rollout",
 ]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from mempo.config.base import Section
 from mempo.config.episodes import (
@@ -176,3 +176,37 @@ def load_params(
 def params_flat(params: Params) -> dict[str, Any]:
     """Params as `{"section.key": value}` (for MLflow params and tags)."""
     return flatten(params.model_dump(mode="json"))
+
+
+def profile_overrides(path: str | Path) -> dict[str, Any]:
+    """A params profile (e.g. `params.tiny.yaml`: only the keys it changes, nested as in
+    params.yaml) as dotted overrides, `{"world.size": "tiny", "promote.floors": {}, ...}`.
+
+    It descends into sections (a stage's `rollout:` block included); a setting whose value is
+    a mapping (`promote.floors`, `eval.models`) is one override, replaced whole. Validated on
+    the defaults: unknown keys, wrong types and moved keys are `ConfigError`s naming the key.
+    """
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read the params profile: {e}", path=path) from e
+    if not isinstance(data, dict):
+        raise ConfigError("a params profile is a mapping of sections", path=path)
+    _check_renamed(data, path)
+    out: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], model: type[BaseModel], prefix: str) -> None:
+        by_name = {(f.alias or name): f for name, f in model.model_fields.items()}
+        for key, value in node.items():
+            ann = by_name[key].annotation if key in by_name else None
+            if isinstance(value, dict) and isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(value, ann, f"{prefix}{key}.")
+            else:
+                out[f"{prefix}{key}"] = value
+
+    walk(data, Params, "")
+    try:
+        load_params(None, overrides=out)
+    except ConfigError as e:
+        raise ConfigError(e.message, path=path, field=e.field) from e
+    return out
