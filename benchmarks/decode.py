@@ -13,7 +13,7 @@ Three levels, each a ratio of the two decoders on identical inputs:
    outputs of both are compared token by token. FLOP utilisation = 2 * parameters *
    (prompt + generated tokens) / s over the matmul peak of this CPU measured in the run.
 2. `rollouts`: the GRPO rollout code (`mempo.training.rollouts.lockstep_episodes`, the real
-   `ToolEnv` over a BM25 retriever of the small world, params.yaml `agent:`/`train:`), B x n
+   `ToolEnv` over a BM25 retriever of the small world, params.yaml `rollout:` with `train.rollout`), B x n
    = 8 x 4 episodes, same tasks and seed, once per decoder: response tokens/s, wall time.
 3. `eval`: `mempo.evaluation.agent_runner.evaluate_items` on 16 world + 16 world-k2 tasks (params.yaml
    `eval:` agents and settings), `load_engine(..., decoder="hf" | "fast")`: wall time of each.

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     grpo.add_argument("--device", default=None, help="cpu | cuda | auto (params: train.device)")
     grpo.add_argument("--seed", type=int, default=None, help="seed (params: train.seed)")
     grpo.add_argument("--resume", default=None, help="auto | never | CHECKPOINT (params: train.resume)")
-    grpo.add_argument("--decoder", choices=["fast", "hf"], default=None, help="rollout generator (params: agent.decoder)")
+    grpo.add_argument("--decoder", choices=["fast", "hf"], default=None, help="rollout generator (params: train.rollout.decoder, else rollout.decoder)")
     grpo.set_defaults(handler=_grpo)
 
     verl = add_subparser(tsub, "verl", "the scale path: MemPO as a verl 0.9.1 plug-in on Ray + GPUs (SGLang rollouts)")

@@ -74,7 +74,7 @@ def load_engine(
     decoder: str = "fast",
 ) -> Engine:
     """Tokenizer + generator (+ model for hf) + retriever for an evaluation. `decoder`
-    ("fast" | "hf", `agent.decoder`) picks the in-process generator of backend hf."""
+    ("fast" | "hf", `rollout.decoder`) picks the in-process generator of backend hf."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
