@@ -13,7 +13,7 @@ Three levels, each a ratio of the two decoders on identical inputs:
    outputs of both are compared token by token. FLOP utilisation = 2 * parameters *
    (prompt + generated tokens) / s over the matmul peak of this CPU measured in the run.
 2. `rollouts`: the GRPO rollout code (`mempo.training.rollouts.lockstep_episodes`, the real
-   `ToolEnv` over a BM25 retriever of the small world, params.yaml `agent:`/`train:`), B x n
+   `ToolEnv` over a BM25 retriever of the small world, params.yaml `rollout:` with `train.rollout`), B x n
    = 8 x 4 episodes, same tasks and seed, once per decoder: response tokens/s, wall time.
 3. `eval`: `mempo.evaluation.agent_runner.evaluate_items` on 16 world + 16 world-k2 tasks (params.yaml
    `eval:` agents and settings), `load_engine(..., decoder="hf" | "fast")`: wall time of each.
@@ -30,6 +30,7 @@ issue's measurement); evaluation wall time >= 3x shorter.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -87,16 +88,11 @@ def tiny_policy(world: Path, work: Path, quick: bool) -> tuple[Any, Any, Path]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mempo.config import load_params
     from mempo.policy.tiny import TinyPolicySpec, bootstrap_tiny
 
-    p = load_params(None).policy
-    spec = TinyPolicySpec(vocab_size=p.vocab_size, hidden_size=p.hidden_size, intermediate_size=p.intermediate_size,
-                          num_layers=p.num_layers, num_heads=p.num_heads, num_kv_heads=p.num_kv_heads,
-                          max_positions=p.max_positions, max_token_chars=p.max_token_chars, seed=p.seed,
-                          copy_steps=0)
+    spec = TinyPolicySpec(copy_steps=0)  # the `policy:` defaults, without the copy warm-up
     if quick:  # the unit test's size: a smaller tokenizer trains faster
-        spec = TinyPolicySpec(**{**spec.__dict__, "vocab_size": 600})
+        spec = dataclasses.replace(spec, vocab_size=600)
     out = work / ("tiny-policy-quick" if quick else "tiny-policy")
     if not (out / "config.json").exists():
         bootstrap_tiny(out, world / "corpus.jsonl", [world / "qa" / "train.jsonl"], spec=spec)
@@ -238,7 +234,7 @@ def time_decode(model: Any, tok: Any, prompts: list[list[int]], batches: list[in
 
 def time_rollouts(model: Any, tok: Any, world: Path, questions: int, n_rollouts: int,
                   max_new_tokens: int = 0, max_turns: int = 0) -> dict[str, Any]:
-    """GRPO rollouts (lockstep, params.yaml `agent:`/`train:` settings, sampled) once per
+    """GRPO rollouts (lockstep, params.yaml `rollout:` with `train.rollout`, sampled) once per
     decoder on the same tasks with the same seed: response tokens/s and wall time.
     `max_new_tokens` / `max_turns` (0 = params.yaml) shrink the quick run."""
     import torch
@@ -250,19 +246,20 @@ def time_rollouts(model: Any, tok: Any, world: Path, questions: int, n_rollouts:
     from mempo.training.rollouts import lockstep_episodes
 
     params = load_params(None)
-    agent, tp = params.agent, params.train
+    tp = params.train
+    agent = tp.rollout_params()  # `rollout:` with `train.rollout` over it
     if max_new_tokens or max_turns:
-        tp = tp.model_copy(update={"max_new_tokens": max_new_tokens or tp.max_new_tokens,
-                                   "max_turns": max_turns or tp.max_turns})
-        agent = agent.model_copy(update={"turns_per_objective": max_turns or agent.turns_per_objective})
+        agent = agent.model_copy(update={"max_new_tokens": max_new_tokens or agent.max_new_tokens,
+                                         "max_turns": max_turns or agent.max_turns,
+                                         "turns_per_objective": max_turns or agent.turns_per_objective})
     items = load_qa(world / "qa" / "train.jsonl")[:questions]
     out: dict[str, Any] = {"batch_questions": questions, "n_rollouts": n_rollouts,
-                           "max_new_tokens": tp.max_new_tokens or agent.max_new_tokens,
-                           "max_turns": tp.max_turns or agent.max_turns,
+                           "max_new_tokens": agent.max_new_tokens,
+                           "max_turns": agent.max_turns,
                            "turns_per_objective": agent.turns_per_objective,
                            "temperature": agent.temperature, "context": agent.context}
     with open_retriever(str(world / "corpus.jsonl")) as retriever:
-        setup = make_rollout_setup(retriever, tok, agent, tp)
+        setup = make_rollout_setup(retriever, tok, agent)
         for kind in DECODERS:
             gen = _generator(kind, model, tok, tp.generation_batch_size)
             torch.manual_seed(tp.seed)
@@ -288,8 +285,6 @@ def time_eval(policy: Path, world: Path, limit: int, benchmarks: list[str], agen
               turns_per_objective: int, max_new_tokens: int = 0) -> dict[str, Any]:
     """`evaluate_items` on the same tasks with each decoder (params.yaml `eval:` settings, but
     `turns_per_objective` turns per objective and, when > 0, `max_new_tokens` a turn)."""
-    import dataclasses
-
     from mempo.config import load_params
     from mempo.evaluation.agent_runner import evaluate_items
     from mempo.evaluation.benchmarks import load_benchmarks
@@ -297,16 +292,18 @@ def time_eval(policy: Path, world: Path, limit: int, benchmarks: list[str], agen
     from mempo.evaluation.settings import EvalSettings
 
     ep = load_params(None).eval
-    settings = dataclasses.replace(EvalSettings.from_params(ep), max_turns=turns_per_objective,
-                                   max_new_tokens=max_new_tokens or ep.max_new_tokens)
+    rollout = ep.rollout_params()
+    rollout = rollout.model_copy(update={"turns_per_objective": turns_per_objective,
+                                         "max_new_tokens": max_new_tokens or rollout.max_new_tokens})
+    settings = EvalSettings.from_params(ep, rollout=rollout)
     tasks = load_benchmarks(benchmarks, {"world": str(world / "qa" / "test.jsonl")}, limit=limit, seed=ep.seed)
     out: dict[str, Any] = {"benchmarks": {b: len(v) for b, v in tasks.items()}, "agents": agents,
-                           "max_new_tokens": settings.max_new_tokens, "concurrency": settings.concurrency,
-                           "turns_per_objective": settings.max_turns, "memory_probe": settings.memory_probe}
+                           "max_new_tokens": rollout.max_new_tokens, "concurrency": rollout.max_concurrent_episodes,
+                           "turns_per_objective": rollout.turns_per_objective, "memory_probe": settings.memory_probe}
     answers: dict[str, list[Any]] = {}
     for kind in DECODERS:
         engine = load_engine(policy, policy, backend="hf", retriever=str(world / "corpus.jsonl"),
-                             concurrency=settings.concurrency, decoder=kind)
+                             concurrency=rollout.max_concurrent_episodes, decoder=kind)
         t0 = time.perf_counter()
         rows = evaluate_items(tasks, agents, engine, settings)
         wall = time.perf_counter() - t0

@@ -54,10 +54,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # RL variants: (start policy format, params overrides on top of params.yaml).
 RL_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "grpo": ("memory", {"train.lambda_mem": 0.0}),
-    "mempo": ("memory", {"train.lambda_mem": 1.0, "mempo.eps": "full_context", "mempo.form": "logprob"}),
-    "mempo_prev": ("memory", {"train.lambda_mem": 1.0, "mempo.eps": "previous", "mempo.form": "prob"}),
-    "full": ("full", {"train.lambda_mem": 0.0, "agent.context": "full"}),
+    "grpo": ("memory", {"mempo.lambda_mem": 0.0}),
+    "mempo": ("memory", {"mempo.lambda_mem": 1.0, "mempo.eps": "full_context", "mempo.form": "logprob"}),
+    "mempo_prev": ("memory", {"mempo.lambda_mem": 1.0, "mempo.eps": "previous", "mempo.form": "prob"}),
+    "full": ("full", {"mempo.lambda_mem": 0.0, "rollout.context": "full"}),
 }
 AGENT_OF_FORMAT = {"memory": "memory", "full": "full_context"}
 BENCHES = ("single", "k2", "k4")
@@ -184,7 +184,7 @@ def evaluate_model(model_dir: Path, agent: str, tasks: dict[str, list[Any]], cor
     from mempo.evaluation.metrics import aggregate_pair
     from mempo.evaluation.settings import EvalSettings
 
-    p = _params({"eval.memory_probe": False, "eval.concurrency": 64, "eval.device": device})
+    p = _params({"eval.memory_probe": False, "eval.rollout.max_concurrent_episodes": 64, "eval.device": device})
     settings = EvalSettings.from_params(p.eval)
     engine = load_engine(model_dir, model_dir, device=device, retriever=str(corpus), concurrency=64,
                          load_model_for_probe=False)
@@ -216,7 +216,7 @@ def job_sft(context: str, a: argparse.Namespace, inputs: dict[str, Path]) -> dic
     out = Path(a.workdir) / f"sft-{context}"
     t0 = time.perf_counter()
     m = run_sft(_params({
-        "agent.context": context, "sft.policy": str(inputs["policy"]), "sft.out": str(out),
+        "rollout.context": context, "sft.policy": str(inputs["policy"]), "sft.out": str(out),
         "sft.trajectories": str(inputs["teacher"] / "train_episodes.jsonl"),
         "sft.val_trajectories": str(inputs["teacher"] / "val_episodes.jsonl"),
         "sft.max_steps": a.sft_steps, "sft.resume": "auto", "sft.device": a.device,
@@ -236,7 +236,7 @@ def job_rl(variant: str, seed: int, a: argparse.Namespace, inputs: dict[str, Pat
 
     fmt, over = RL_VARIANTS[variant]
     # Memory scoring only where the method uses it (the lambda_mem = 0 variants skip its cost).
-    over = {**over, "train.log_memory_reward": over["train.lambda_mem"] != 0}
+    over = {**over, "train.log_memory_reward": over["mempo.lambda_mem"] != 0}
     out = Path(a.workdir) / f"rl-{variant}-seed{seed}"
     t0 = time.perf_counter()
     m = run_grpo(_params({

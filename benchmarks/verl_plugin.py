@@ -127,14 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     prompts, turns, repeats = (64, 200, 3) if args.quick else (256, 2000, 5)
 
-    from mempo.policy.tiny import bootstrap_tiny
+    from mempo.policy.tiny import TinyPolicySpec, bootstrap_tiny
     from mempo.world import generate_world
 
     adv = bench_advantage(prompts, rollouts=5, max_turns=8, width=args.width, repeats=repeats)
     with tempfile.TemporaryDirectory() as tmp:
         world = Path(tmp) / "world"
         generate_world(world, size="tiny", seed=13)
-        bootstrap_tiny(Path(tmp) / "policy", world / "corpus.jsonl", [world / "qa" / "train.jsonl"])
+        bootstrap_tiny(Path(tmp) / "policy", world / "corpus.jsonl", [world / "qa" / "train.jsonl"],
+                       spec=TinyPolicySpec(copy_steps=0))
         turn = bench_turn_bookkeeping(turns, Path(tmp) / "policy")
 
     result = {"advantage": adv, "turn_bookkeeping": turn, "quick": args.quick}

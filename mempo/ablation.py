@@ -10,7 +10,7 @@ copy of the workspace, and its params, dvc.lock and headline metrics
 (`outputs/register/headline.json`) are kept as an experiment of the current commit. Stages
 an ablation shares with an earlier run (world, index, data, policy, SFT) come from DVC's run
 cache, so only train -> eval -> register run again. `--profile tiny` (the default) also sets
-every key of the tiny profile (`TINY_OVERRIDES` in `mempo.pipeline`), so the whole set runs
+every key of the tiny profile (`params.tiny.yaml`), so the whole set runs
 in minutes on a CPU; it proves the ablation wiring and the direction of effects only on a
 model that small. Experiments log to this project's MLflow store (experiment
 `mempo-ablations`) and register their models as `mempo-agent-ablation`, never as the
@@ -33,7 +33,7 @@ from mempo.errors import ConfigError, MempoError
 # the others are read against.
 ABLATIONS: dict[str, dict[str, Any]] = {
     "mempo": {},
-    "no-mem-adv": {"train.lambda_mem": 0.0},        # outcome advantage only (plain GRPO, MEM1-style)
+    "no-mem-adv": {"mempo.lambda_mem": 0.0},        # outcome advantage only (plain GRPO, MEM1-style)
     "eps-previous": {"mempo.eps": "previous"},      # baseline: the previous turn's memory, not the full history
     "eps-none": {"mempo.eps": "none"},              # memory reward without a baseline
     "prob": {"mempo.form": "prob"},                 # probabilities instead of log-probabilities
@@ -42,7 +42,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 EXPERIMENT_SETTINGS: dict[str, Any] = {"register.model_name": "mempo-agent-ablation"}
 MLFLOW_EXPERIMENT = "mempo-ablations"
 # Columns `dvc exp show` keeps: the ablated params and the headline metrics.
-SHOW_KEEP = r"^(Experiment|train\.lambda_mem|mempo\.eps|mempo\.form|em\..*|tokens\..*|train\.(reward|kl))$"
+SHOW_KEEP = r"^(Experiment|mempo\.lambda_mem|mempo\.eps|mempo\.form|em\..*|tokens\..*|train\.(reward|kl))$"
 
 
 def hydra_value(value: Any) -> str:
@@ -101,13 +101,14 @@ def run_ablations(
 
     Raises `MempoError` naming the ablation whose experiment failed.
     """
+    from mempo.config import profile_overrides
     from mempo.dvc_runner import dvc_executable
-    from mempo.pipeline import TINY_OVERRIDES
+    from mempo.pipeline import TINY_PROFILE
 
     root = Path(root).resolve()
-    overrides = {"tiny": TINY_OVERRIDES, "none": {}}.get(profile)
-    if overrides is None:
+    if profile not in ("tiny", "none"):
         raise ConfigError(f"unknown profile '{profile}' (tiny | none)")
+    overrides = profile_overrides(root / TINY_PROFILE) if profile == "tiny" else {}
     dvc = dvc_executable()
     cmds = experiment_commands(list(names or ABLATIONS), overrides, dvc)
     if dry_run:
@@ -129,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mempo.ablation", description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="+", metavar="NAME", help=f"ablations to run (default: all of {list(ABLATIONS)})")
     ap.add_argument("--profile", default="tiny", choices=["tiny", "none"],
-                    help="tiny: the tiny profile (minutes on a CPU); none: params.yaml as it is")
+                    help="tiny: the keys of params.tiny.yaml (minutes on a CPU); none: params.yaml as it is")
     ap.add_argument("--dry-run", action="store_true", help="print the dvc commands only")
     args = ap.parse_args(argv)
     try:

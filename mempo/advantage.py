@@ -355,7 +355,7 @@ def combine(
         A_T: outcome advantage of each turn record's rollout, [M] (or already per token, [M, L]).
         A_M: memory advantage of each turn record, [M].
         mem_mask: 1 on the tokens inside that turn's `<mem>` span, [M, L].
-        lambda_mem: weight of the memory advantage (`train.lambda_mem`).
+        lambda_mem: weight of the memory advantage (`mempo.lambda_mem`).
         response_mask: 1 on generated tokens, [M, L] (default: all ones); A is 0 elsewhere.
     Returns:
         float tensor [M, L].

@@ -2,7 +2,7 @@
 
     mempo --help
     mempo world generate --out data/world --size small
-    mempo --set train.lambda_mem=0 train grpo ...
+    mempo --set mempo.lambda_mem=0 train grpo ...
 
 Each stage's arguments live in `mempo/commands/<stage>.py`, which only parses them and
 calls the stage's library function (imported lazily, so `mempo --help` stays fast).
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "-s", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override any params key, e.g. --set train.lambda_mem=0 (repeatable)",
+        help="override any params key, e.g. --set mempo.lambda_mem=0 (repeatable)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:

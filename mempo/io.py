@@ -308,19 +308,26 @@ def iter_jsonl(
         raise DataError(f"cannot read: {e}", path=path) from e
 
 
-def flatten_numbers(obj: Any, prefix: str = "") -> dict[str, float]:
-    """The numeric leaves of nested mappings as floats, keys joined with "/" (bools count as
-    0/1; strings, lists and None are skipped): `{"a": {"b": 1}}` -> `{"a/b": 1.0}`."""
+def flatten(obj: Any, sep: str = ".", prefix: str = "") -> dict[str, Any]:
+    """The leaves of nested mappings, keys joined with `sep`: `{"a": {"b": 1}}` -> `{"a.b": 1}`
+    (lists and None are leaves; an empty mapping has none). The one walker behind the flat
+    params MLflow logs (`config.params_flat`) and the flat metrics (`flatten_numbers`)."""
     from collections.abc import Mapping
 
-    flat: dict[str, float] = {}
+    flat: dict[str, Any] = {}
 
     def walk(key: str, value: Any) -> None:
         if isinstance(value, Mapping):
             for k, v in value.items():
-                walk(f"{key}/{k}" if key else str(k), v)
-        elif isinstance(value, bool | int | float):
-            flat[key] = float(value)
+                walk(f"{key}{sep}{k}" if key else str(k), v)
+        else:
+            flat[key] = value
 
     walk(prefix, obj)
     return flat
+
+
+def flatten_numbers(obj: Any, prefix: str = "") -> dict[str, float]:
+    """The numeric leaves of nested mappings as floats, keys joined with "/" (bools count as
+    0/1; strings, lists and None are skipped): `{"a": {"b": 1}}` -> `{"a/b": 1.0}`."""
+    return {k: float(v) for k, v in flatten(obj, "/", prefix).items() if isinstance(v, bool | int | float)}

@@ -33,8 +33,12 @@ if it is still there after `mempo.dvc_runner.STOP_GRACE_S`; the retrieval servic
 as well, and the parent MLflow run ends FAILED. A SIGKILL of this process cannot be handled: then the
 service (its own process group, so a terminal's Ctrl-C does not skip the drain) stays up.
 
+Params profiles: `mempo pipeline run --params params.tiny.yaml` first writes the profile's keys
+into params.yaml (`apply_params_profile`; comments kept, validated first), as `dvc exp run -S`
+does, so `dvc status`, dvc.lock and MLflow all see the values the stages ran with.
+
 This module is the run itself (`run_pipeline`, `summarize`, the retrieval service's lifecycle,
-the tiny profile); driving DVC (stale stages, the stage graph, repro, push) is in
+params profiles); driving DVC (stale stages, the stage graph, repro, push) is in
 `mempo.dvc_runner`.
 """
 
@@ -68,37 +72,81 @@ from mempo.errors import MempoError
 
 ENV_RETRIEVER_URL = "MEMPO_RETRIEVER_URL"
 
-# The smallest end-to-end run (every stage, minutes on 2 CPU cores): what the orchestration
-# tests run through DVC, Kubeflow (kfp.local) and Airflow. It proves the wiring, not quality.
-TINY_OVERRIDES: dict[str, Any] = {
-    "world.size": "tiny",
-    "data.compositions": [{"k": 1, "share": 1.0}],
-    "policy.hidden_size": 32, "policy.intermediate_size": 64, "policy.num_layers": 1,
-    "policy.vocab_size": 400, "policy.copy_steps": 2,
-    "sft.max_questions": 8, "sft.multi_tasks": 0, "sft.val_questions": 4, "sft.val_multi_tasks": 0, "sft.max_steps": 2,
-    "sft.eval_every": 2, "sft.warmup_steps": 0,
-    "train.steps": 1, "train.batch_questions": 2, "train.n_rollouts": 2, "train.max_turns": 2,
-    "train.max_new_tokens": 24, "train.checkpoint_every": 1,
-    "eval.limit": 2, "eval.benchmarks": ["world"], "eval.agents": ["memory"], "eval.max_turns": 2,
-    "eval.max_new_tokens": 24, "eval.memory_probe": False,
-    "promote.floors": {},  # a 2-step SFT policy never answers; the tiny run checks the wiring, not quality
-    "promote.min_eval_n": 1,
-}
+# The smallest end-to-end run (every stage, minutes on 2 CPU cores): `mempo pipeline run
+# --params params.tiny.yaml`, and what the orchestration tests run through DVC, Kubeflow
+# (kfp.local) and Airflow. It proves the wiring, not quality.
+TINY_PROFILE = "params.tiny.yaml"
+
+
+def _round_trip_yaml() -> Any:
+    # ruamel.yaml (a dependency of DVC, which this module drives) keeps comments and layout
+    from ruamel.yaml import YAML
+
+    y = YAML()
+    y.preserve_quotes = True
+    y.width = 4096
+    y.indent(mapping=2, sequence=4, offset=2)
+    y.representer.add_representer(type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
+    return y
+
+
+def _flow(value: Any) -> Any:
+    """Lists and mappings as one-line flow YAML (`[world]`, `{}`), as params.yaml writes them."""
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    if isinstance(value, dict):
+        out: Any = CommentedMap((k, _flow(v)) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        out = CommentedSeq(_flow(v) for v in value)
+    else:
+        return value
+    out.fa.set_flow_style()
+    return out
 
 
 def write_params_with(src: str | Path, dst: str | Path, overrides: dict[str, Any]) -> Path:
-    """Copy params file `src` to `dst` with dotted-key `overrides` applied (validated first).
-
-    Comments are not kept. Used to derive a run's params.yaml (e.g. the tiny profile).
+    """Copy params file `src` to `dst` with dotted-key `overrides` applied (validated first:
+    nothing is written when a key is unknown or a value invalid). Comments and layout are kept;
+    `src` and `dst` may be the same file.
     """
-    from mempo.config import _set_dotted, load_params
+    import io
+
+    from mempo.config import load_params
+    from mempo.errors import ConfigError
     from mempo.io import write_text
 
     load_params(src, overrides=overrides)  # a bad key fails here, naming it
-    data = yaml.safe_load(Path(src).read_text(encoding="utf-8")) or {}
+    y = _round_trip_yaml()
+    data = y.load(Path(src).read_text(encoding="utf-8")) or {}
     for key, value in overrides.items():
-        _set_dotted(data, key, value)
-    return write_text(dst, yaml.safe_dump(data, sort_keys=False))
+        *parents, leaf = key.split(".")
+        cur = data
+        for p in parents:
+            if cur.get(p) is None:
+                cur[p] = {}
+            cur = cur[p]
+            if not isinstance(cur, dict):
+                raise ConfigError(f"cannot set '{key}': '{p}' is not a section", path=src, field=key)
+        cur[leaf] = _flow(value)
+    buf = io.StringIO()
+    y.dump(data, buf)
+    return write_text(dst, buf.getvalue())
+
+
+def apply_params_profile(root: str | Path, profile: str | Path) -> list[str]:
+    """Write the keys of a params profile (`params.tiny.yaml`) into `root/params.yaml`, the
+    file DVC stages read, as `dvc exp run -S` does: validated first, comments kept. A relative
+    `profile` is taken from `root`. Returns the keys whose value changed."""
+    from mempo.config import load_params, params_flat, profile_overrides
+
+    root = Path(root)
+    path = Path(profile) if Path(profile).is_absolute() else root / profile
+    overrides = profile_overrides(path)
+    params_file = root / "params.yaml"
+    before = params_flat(load_params(params_file))
+    write_params_with(params_file, params_file, overrides)
+    after = params_flat(load_params(params_file))
+    return sorted(k for k in after.keys() | before.keys() if before.get(k) != after.get(k))
 
 
 def _free_port(host: str) -> int:
@@ -192,17 +240,25 @@ def run_pipeline(
     targets: list[str] | None = None,
     *,
     promote: bool | None = None,
+    params_profile: str | Path | None = None,
 ) -> PipelineResult:
     """Reproduce the DVC pipeline in `root` under an MLflow parent run, then gate promotion.
 
-    `promote` overrides `pipeline.promote`. Returns what ran and where. Raises
-    `MempoError` if a stage fails (the parent run then ends FAILED and the retrieval
-    service is stopped).
+    `promote` overrides `pipeline.promote`. `params_profile` (e.g. `params.tiny.yaml`) is
+    first written into `root/params.yaml` (`apply_params_profile`), so DVC sees and records
+    the values the stages run with. Returns what ran and where. Raises `MempoError` if a
+    stage fails (the parent run then ends FAILED and the retrieval service is stopped).
     """
     from mempo.config import load_params
     from mempo.tracking import pipeline_run, tag_stage_runs_with_dvc_hashes, tracking_uri
 
     root = Path(root).resolve()
+    profile_note = None
+    if params_profile is not None:
+        changed = apply_params_profile(root, params_profile)
+        profile_note = (f"Params:      {params_profile} written into params.yaml ({len(changed)} value(s) changed; "
+                        "`git diff params.yaml` shows them, `git checkout params.yaml` undoes it)")
+        print(profile_note, flush=True)
     params = load_params(root / "params.yaml")
     pp = params.pipeline
     stages = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages", {})
@@ -213,6 +269,8 @@ def run_pipeline(
         stale = stale_stages(root, targets)
         will_run = in_dependency_order(stages, downstream_of(stages, stale)) if stale else []
     result = PipelineResult(0.0, [], None, planned=will_run)
+    if profile_note:
+        result.notes.append(profile_note)
     env_before = os.environ.get("MEMPO_PROJECT_ROOT")
     os.environ["MEMPO_PROJECT_ROOT"] = str(root)
     try:

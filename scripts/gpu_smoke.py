@@ -212,7 +212,7 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but torch sees no GPU (torch.cuda.is_available() is False)")
     params, params_source = load_smoke_params(REPO / "params.yaml")
-    agent, mp, sp, tp = params.agent, params.mempo, params.sft, params.train
+    agent, mp, sp, tp = params.rollout, params.mempo, params.sft, params.train
     seed_everything(0, deterministic=False)
     result: dict[str, Any] = {
         "device": str(device),
@@ -229,7 +229,7 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
 
     # world + tiny policy
     from mempo.datasets import iter_corpus, load_qa
-    from mempo.policy.tiny import bootstrap_tiny
+    from mempo.policy.tiny import TinyPolicySpec, bootstrap_tiny
     from mempo.world.generate import generate_world
 
     meter = Meter(device)
@@ -238,7 +238,8 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
     phases["world"] = meter.row()
     corpus = work / "world" / "corpus.jsonl"
     with meter:
-        bootstrap_tiny(work / "policy", corpus, [work / "world" / "qa" / "train.jsonl"])
+        bootstrap_tiny(work / "policy", corpus, [work / "world" / "qa" / "train.jsonl"],
+                       spec=TinyPolicySpec(copy_steps=0))
     phases["policy"] = meter.row()
     model, tok = load_policy(work / "policy", device, "float32")
     result["policy_parameters"] = sum(p.numel() for p in model.parameters())
@@ -313,7 +314,7 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
     for prm in ref.parameters():
         prm.requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=tp.lr)
-    setup = make_rollout_setup(retriever, tok, agent, tp)
+    setup = make_rollout_setup(retriever, tok, tp.rollout_params())
     generator = HFGenerator(model, tok, batch_size=tp.generation_batch_size)
     temperature = agent.temperature if agent.temperature > 0 else 1.0
     totals: dict[str, float] = defaultdict(float)
@@ -345,7 +346,7 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
             meter.sync()
             t2 = time.perf_counter()
             samples_g, _ = build_turn_samples(episodes, [ep.item_id for ep in episodes], rewards, mem_r,
-                                              tp.lambda_mem, mp)
+                                              mp.lambda_mem, mp)
             if samples_g:
                 fill_logprobs(ref, samples_g, tok.pad_token_id, temperature, "ref_logp", tp.micro_batch_size,
                               tp.token_budget, device)

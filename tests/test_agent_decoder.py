@@ -185,11 +185,11 @@ def test_make_generator_and_the_decoder_setting(tiny):
     model, tok = tiny
     assert isinstance(make_generator(model, tok, "fast"), FastGenerator)
     assert isinstance(make_generator(model, tok, "hf", batch_size=3), HFGenerator)
-    with pytest.raises(ConfigError, match="agent.decoder"):
+    with pytest.raises(ConfigError, match="rollout.decoder"):
         make_generator(model, tok, "vllm")
-    assert load_params(None).agent.decoder == "fast"
-    with pytest.raises(ConfigError, match="agent.decoder"):
-        load_params(None, {"agent.decoder": "vllm"})
+    assert load_params(None).rollout.decoder == "fast"
+    with pytest.raises(ConfigError, match="rollout.decoder"):
+        load_params(None, {"rollout.decoder": "vllm"})
 
 
 @pytest.mark.slow

@@ -26,10 +26,11 @@ from mempo.evaluation.runner import run_eval
 @pytest.fixture(scope="module")
 def tiny_policy(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained tiny Qwen2 policy (BPE tokenizer trained on the tiny world)."""
-    from mempo.policy.tiny import bootstrap_tiny
+    from mempo.policy.tiny import TinyPolicySpec, bootstrap_tiny
 
     out = tmp_path_factory.mktemp("policy") / "tiny"
-    bootstrap_tiny(out, tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"])
+    bootstrap_tiny(out, tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"],
+                   spec=TinyPolicySpec(copy_steps=0))
     return out
 
 
@@ -42,7 +43,7 @@ def _params(tiny_world: Path, tiny_policy: Path, out: Path, **eval_over: Any) ->
     over: dict[str, Any] = {
         "eval.model": str(tiny_policy), "eval.retriever": str(tiny_world / "corpus.jsonl"),
         "eval.benchmarks": ["world"], "eval.limit": 20, "eval.out": str(out),
-        "eval.max_new_tokens": 16, "eval.max_turns": 2, "eval.concurrency": 20, "eval.mlflow_genai_samples": 0,
+        "eval.rollout.max_new_tokens": 16, "eval.rollout.turns_per_objective": 2, "eval.rollout.max_concurrent_episodes": 20, "eval.mlflow_genai_samples": 0,
         "benchmarks.world": str(tiny_world / "qa" / "test.jsonl"),
     }
     over.update({f"eval.{k}": v for k, v in eval_over.items()})
@@ -98,7 +99,8 @@ def test_eval_scripted_teacher_exercises_memory_search_and_probe(
     teacher = Engine(engine.generator, engine.tokenizer, engine.retriever, engine.model,
                      turn_policy=ScriptedTeacher(engine.tokenizer))
     p = _params(tiny_world, tiny_policy, tmp_path / "eval", benchmarks=["world-k1", "world-k4"], limit=8,
-                agents=["memory", "full_context", "external_memory"], max_turns=12)
+                agents=["memory", "full_context", "external_memory"],
+                **{"rollout.turns_per_objective": 12, "rollout.max_turns": 64})
     run_eval(p.eval, p.benchmarks, engine=teacher, track=False)
     metrics = _check_outputs(tmp_path / "eval", ["memory", "full_context", "external_memory"],
                              ["world-k1", "world-k4"], 8)
@@ -142,7 +144,7 @@ def test_truncation_path_scores_wrong(tiny_world: Path, tiny_policy: Path, engin
                         for q in load_qa(tiny_world / "qa" / "test.jsonl")
                         for msgs in (build_messages(q.question), single_turn_messages(q.question, None)))
     p = _params(tiny_world, tiny_policy, tmp_path / "eval", limit=6, agents=["memory", "rag", "direct"],
-                max_turns=8, max_prompt_tokens=question_only + 16)
+                **{"rollout.turns_per_objective": 8, "rollout.max_prompt_tokens": question_only + 16})
     res = run_eval(p.eval, p.benchmarks, engine=teacher, track=False)
     mem = [r for r in res.rows if r["agent"] == "memory"]
     assert all(r["truncated"] == 1.0 and r["em"] == 0.0 and r["error"] == "context window exceeded" for r in mem)
@@ -227,7 +229,8 @@ def test_ask_prints_memory_search_titles_and_answer(tiny_world: Path, engine: En
     assert "Turn 1" in text and "memory:" in text and "search:" in text and "retrieved:" in text
     assert f"Final answer: {ep.final_answer}" in text and "EM 1" in text
     # `ask` itself, with the untrained policy: one episode, its turns printed, no answer.
-    untrained = ask(item.question, engine, EvalSettings(max_turns=2, max_new_tokens=16), gold=item.golden_answers)
+    untrained = ask(item.question, engine, EvalSettings.from_params(load_params(
+        None, {"eval.rollout.turns_per_objective": 2, "eval.rollout.max_new_tokens": 16}).eval), gold=item.golden_answers)
     assert untrained.num_turns == 2 and untrained.hit_turn_limit
     assert "No answer within 2 turns" in format_episode(untrained)
 
@@ -247,7 +250,7 @@ def test_cli_eval_and_ask_with_a_registry_reference(
     reg = register_model("tiny-agent", tiny_policy, metrics)
     mlflow.MlflowClient().set_registered_model_alias("tiny-agent", "champion", reg.version)
     common = ["--retriever", str(tiny_world / "corpus.jsonl")]
-    sets = ["--set", f"benchmarks.world={tiny_world / 'qa' / 'test.jsonl'}", "--set", "eval.max_new_tokens=8",
+    sets = ["--set", f"benchmarks.world={tiny_world / 'qa' / 'test.jsonl'}", "--set", "eval.rollout.max_new_tokens=8",
             "--set", "eval.mlflow_genai_samples=0"]
     rc = main([*sets, "eval", "--model", "models:/tiny-agent@champion", "--benchmarks", "world",
                "--agents", "direct", "rag", "--limit", "3", "--out", str(tmp_path / "eval"), *common, "--no-track"])
@@ -278,7 +281,7 @@ def test_each_agent_runs_its_own_policy_and_cross_format_rows_are_apart(
     for d, ctx in ((mem_dir, "memory"), (full_dir, "full")):
         shutil.copytree(tiny_policy, d)
         (d / "policy.json").write_text(json.dumps({"kind": "grpo", "context": ctx}))
-    p = _params(tiny_world, mem_dir, tmp_path / "eval", limit=2, max_turns=1,
+    p = _params(tiny_world, mem_dir, tmp_path / "eval", limit=2, **{"rollout.turns_per_objective": 1},
                 agents=["memory", "full_context", "rag"], models={"full_context": str(full_dir)})
     res = run_eval(p.eval, p.benchmarks, track=False)
     policy_of = {r["agent"]: r["policy"] for r in res.rows}

@@ -67,9 +67,9 @@ def test_the_study_evaluates_with_the_eval_stages_own_code(learning, tiny_world:
     policy, corpus = tmp_path / "policy", tiny_world / "corpus.jsonl"
     bootstrap_tiny(policy, corpus, [tiny_world / "qa" / "train.jsonl"],
                    spec=TinyPolicySpec(vocab_size=400, hidden_size=32, intermediate_size=64, num_layers=1,
-                                       num_heads=2, num_kv_heads=1, seed=1))
+                                       num_heads=2, num_kv_heads=1, seed=1, copy_steps=0))
     params = learning._params
-    short = {"eval.max_new_tokens": 24, "eval.max_turns": 2, "eval.max_turns_cap": 4}
+    short = {"eval.rollout.max_new_tokens": 24, "eval.rollout.turns_per_objective": 2, "eval.rollout.max_turns": 4}
     monkeypatch.setattr(learning, "_params", lambda over: params({**short, **over}))
     a = learning._args(["--eval-single", "3", "--eval-k2", "2", "--workdir", str(tmp_path)])
     tasks = {b: v for b, v in learning.test_tasks(tiny_world, a).items() if b != "k4"}
@@ -77,7 +77,7 @@ def test_the_study_evaluates_with_the_eval_stages_own_code(learning, tiny_world:
 
     ev = learning.evaluate_model(policy, "memory", tasks, corpus, "cpu")
 
-    p = learning._params({"eval.memory_probe": False, "eval.concurrency": 64})
+    p = learning._params({"eval.memory_probe": False, "eval.rollout.max_concurrent_episodes": 64})
     engine = load_engine(policy, policy, retriever=str(corpus), concurrency=64, load_model_for_probe=False)
     try:
         rows = evaluate_items(tasks, ["memory"], engine, EvalSettings.from_params(p.eval))

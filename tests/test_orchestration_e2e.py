@@ -2,7 +2,7 @@
 
 - `mempo pipeline run` (what `make run` calls: dvc repro under an MLflow parent run, the
   retrieval service for the stages that need it, the promotion gate) ends with a registered
-  champion and the report; a second run is a DVC no-op; changing `train.lambda_mem` makes
+  champion and the report; a second run is a DVC no-op; changing `mempo.lambda_mem` makes
   DVC re-run exactly train -> eval -> register;
 - `airflow dags test mempo_retrain` on the same tiny inputs (local mode: the same CLI);
   opt-in with MEMPO_AIRFLOW_E2E=1 (see its skip reason).
@@ -25,7 +25,7 @@ import mlflow
 import pytest
 import yaml
 
-from mempo.pipeline import TINY_OVERRIDES, write_params_with
+from mempo.config import profile_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -51,18 +51,18 @@ def _run(cmd: list[str], cwd: Path, timeout: float = 900, **env: str) -> subproc
 
 @pytest.fixture(scope="module")
 def tiny_project(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """A fresh clone of the committed tree with the tiny params, after one `mempo pipeline run`.
+    """A fresh clone of the committed tree after one `mempo pipeline run --params params.tiny.yaml`.
 
     Commit your work first: like a user's clone, this sees only what git has. Its stages run
     the clone's own code (PYTHONPATH).
     """
     root = tmp_path_factory.mktemp("project") / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(root)], check=True, capture_output=True)
-    write_params_with(root / "params.yaml", root / "params.yaml", TINY_OVERRIDES)
-    _git(root, "commit", "-qam", "tiny profile")
     t0 = time.perf_counter()
-    first = _run([str(BIN / "mempo"), "pipeline", "run"], root)
-    return {"root": root, "first": first, "first_seconds": time.perf_counter() - t0}
+    first = _run([str(BIN / "mempo"), "pipeline", "run", "--params", "params.tiny.yaml"], root)
+    seconds = time.perf_counter() - t0
+    _git(root, "commit", "-qm", "tiny profile", "params.yaml")  # what --params wrote; dvc.lock stays uncommitted
+    return {"root": root, "first": first, "first_seconds": seconds}
 
 
 def _git(root: Path, *args: str) -> str:
@@ -168,7 +168,7 @@ def test_a_clone_with_dvc_pull_reproduces_nothing(tiny_project: dict, tmp_path: 
 def test_lambda_mem_change_reruns_only_train_eval_register(tiny_project: dict) -> None:
     root = tiny_project["root"]
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["train"]["lambda_mem"] = 0.5
+    params["mempo"]["lambda_mem"] = 0.5
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     try:
         status = json.loads(_run([str(BIN / "dvc"), "status", "--json"], root).stdout)
@@ -177,7 +177,7 @@ def test_lambda_mem_change_reruns_only_train_eval_register(tiny_project: dict) -
         dry = _run([str(BIN / "dvc"), "repro", "--dry", "--force-downstream"], root)
         assert sorted(_ran(dry)) == ["eval", "register", "train"]
     finally:
-        params["train"]["lambda_mem"] = TINY_OVERRIDES.get("train.lambda_mem", 1.0)
+        params["mempo"]["lambda_mem"] = profile_overrides(REPO / "params.tiny.yaml").get("mempo.lambda_mem", 1.0)
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
@@ -194,7 +194,7 @@ def test_ablations_run_as_dvc_experiments_and_compare_in_dvc_exp_show(tiny_proje
                 if run.get("name") in ("mempo", "no-mem-adv"):
                     params = run["data"]["params"]["params.yaml"]["data"]
                     metrics = run["data"]["metrics"]["outputs/register/headline.json"]["data"]
-                    found[run["name"]] = (params["train"]["lambda_mem"], params["world"]["size"], metrics)
+                    found[run["name"]] = (params["mempo"]["lambda_mem"], params["world"]["size"], metrics)
     assert set(found) == {"mempo", "no-mem-adv"}, json.dumps(exps)[:3000]
     assert found["no-mem-adv"][0] == 0 and found["mempo"][0] == 1.0
     assert {f[1] for f in found.values()} == {"tiny"}

@@ -108,7 +108,7 @@ def test_cpu_pipeline_requests_no_gpu_and_trains_locally() -> None:
 def test_cpu_pipeline_runs_end_to_end_under_kfp_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kfp import local
 
-    from mempo.pipeline import TINY_OVERRIDES
+    from mempo.config import profile_overrides
     from pipelines.mempo_pipeline import mempo_pipeline_cpu
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -118,7 +118,8 @@ def test_cpu_pipeline_runs_end_to_end_under_kfp_local(tmp_path: Path, monkeypatc
     monkeypatch.chdir(tmp_path)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"),
                raise_on_error=True)
-    task = mempo_pipeline_cpu(params_file=str(REPO / "params.yaml"), overrides=TINY_OVERRIDES, mlflow_uri=uri)
+    tiny = profile_overrides(REPO / "params.tiny.yaml")
+    task = mempo_pipeline_cpu(params_file=str(REPO / "params.yaml"), overrides=tiny, mlflow_uri=uri)
     assert task.output is True  # the first model has no champion: floors and required metrics decide
     client = mlflow.MlflowClient(uri)
     champion = client.get_model_version_by_alias("mempo-agent", "champion")

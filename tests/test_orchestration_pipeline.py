@@ -30,8 +30,8 @@ def test_downstream_of_train_is_eval_and_register() -> None:
 
 
 def test_write_params_with_validates_and_applies(tmp_path: Path) -> None:
-    out = write_params_with(REPO / "params.yaml", tmp_path / "p.yaml", {"train.lambda_mem": 0.25})
-    assert yaml.safe_load(out.read_text())["train"]["lambda_mem"] == 0.25
+    out = write_params_with(REPO / "params.yaml", tmp_path / "p.yaml", {"mempo.lambda_mem": 0.25})
+    assert yaml.safe_load(out.read_text())["mempo"]["lambda_mem"] == 0.25
     with pytest.raises(MempoError, match="train.lambda_mem_typo"):
         write_params_with(REPO / "params.yaml", tmp_path / "q.yaml", {"train.lambda_mem_typo": 1})
 

@@ -16,7 +16,7 @@ def tiny_policy(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
     out = tmp_path_factory.mktemp("policy") / "tiny"
     bootstrap_tiny(out, tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"],
-                   spec=TinyPolicySpec(vocab_size=600, seed=3))
+                   spec=TinyPolicySpec(vocab_size=600, seed=3, copy_steps=0))
     return out
 
 
@@ -48,7 +48,7 @@ def test_tiny_policy_same_seed_same_weights(tiny_world: Path, tiny_policy: Path,
     from mempo.policy import TinyPolicySpec, bootstrap_tiny
 
     bootstrap_tiny(tmp_path / "again", tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"],
-                   spec=TinyPolicySpec(vocab_size=600, seed=3))
+                   spec=TinyPolicySpec(vocab_size=600, seed=3, copy_steps=0))
     for name in ("model.safetensors", "tokenizer.json"):
         assert sha256_file(tmp_path / "again" / name) == sha256_file(tiny_policy / name)
 
@@ -150,7 +150,7 @@ def test_tiny_tokenizer_max_token_chars_splits_names_into_short_pieces(tiny_worl
     for limit in (0, 5):
         out = tmp_path / f"t{limit}"
         bootstrap_tiny(out, tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"],
-                       spec=TinyPolicySpec(vocab_size=600, max_token_chars=limit))
+                       spec=TinyPolicySpec(vocab_size=600, max_token_chars=limit, copy_steps=0))
         tok = AutoTokenizer.from_pretrained(out)
         pieces = [p for n in names for p in tok.tokenize(" " + n)]
         lengths[limit] = max(len(p.lstrip("Ġ")) for p in pieces)

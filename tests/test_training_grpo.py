@@ -109,7 +109,8 @@ def setup(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 
     root = tmp_path_factory.mktemp("training")
     bootstrap_tiny(root / "policy", tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"],
-                   spec=TinyPolicySpec(vocab_size=500, hidden_size=64, intermediate_size=128, seed=1))
+                   spec=TinyPolicySpec(vocab_size=500, hidden_size=64, intermediate_size=128, seed=1,
+                                       copy_steps=0))
     corpus = str(tiny_world / "corpus.jsonl")
     params = load_params(None, {
         "sft.policy": str(root / "policy"), "sft.world": str(tiny_world), "sft.retriever": corpus,
@@ -133,8 +134,8 @@ def _grpo_overrides(setup: dict[str, Path], out: Path, **extra: object) -> dict[
     base: dict[str, object] = {
         "train.policy": str(setup["sft"] / "model"), "train.data": str(setup["data"]),
         "train.retriever": str(setup["corpus"]), "train.out": str(out), "train.steps": 3,
-        "train.batch_questions": 2, "train.n_rollouts": 2, "train.max_new_tokens": 40,
-        "train.max_turns": 3, "train.checkpoint_every": 2, "train.threads": 1,
+        "train.batch_questions": 2, "train.n_rollouts": 2, "train.rollout.max_new_tokens": 40,
+        "train.rollout.max_turns": 3, "train.checkpoint_every": 2, "train.threads": 1,
     }
     base.update(extra)
     return base
@@ -158,9 +159,9 @@ def test_grpo_validation_runs_the_eval_code_and_matches_greedy_lockstep_episodes
     from mempo.training.rollouts import lockstep_episodes
     from mempo.training.runtime import load_policy
 
-    params = load_params(None, _grpo_overrides(setup, tmp_path / "train", **{"train.max_new_tokens": 64,
-                                                                            "train.max_turns": 4}))
-    agent, tp, rule = params.agent, params.train, params.mempo.multi_rule
+    params = load_params(None, _grpo_overrides(setup, tmp_path / "train", **{"train.rollout.max_new_tokens": 64,
+                                                                            "train.rollout.max_turns": 4}))
+    agent, tp, rule = params.train.rollout_params(), params.train, params.mempo.multi_rule
     model, tok = load_policy(setup["sft"] / "model", "cpu", "float32")
     singles = _load_tasks(setup["data"], "val")
     tasks = singles[:6] + compose_multi_objective(singles[6:], k=2, n_tasks=2, seed=0)
@@ -169,7 +170,7 @@ def test_grpo_validation_runs_the_eval_code_and_matches_greedy_lockstep_episodes
         rows = run_multi_turn("memory", "val", tasks, Engine(make_generator(
             model, tok, agent.decoder, batch_size=tp.generation_batch_size), tok, retriever), val_settings(agent, tp))
         summary = validate(model, tok, retriever, tasks, agent, tp)
-        rs = make_rollout_setup(retriever, tok, agent, tp)
+        rs = make_rollout_setup(retriever, tok, agent)
         episodes = lockstep_episodes(tasks, make_generator(model, tok, agent.decoder,
                                                            batch_size=tp.generation_batch_size),
                                      dataclasses.replace(rs.sampling, temperature=0.0), rs.env, tok, 1, rs.config,
@@ -233,7 +234,7 @@ def test_full_history_baseline_learns_from_the_same_teacher_episodes_and_trains_
 
     sft_out, grpo_out = tmp_path / "sft_full", tmp_path / "grpo_full"
     sft_params = load_params(None, {
-        "agent.context": "full", "sft.policy": str(setup["policy"]), "sft.out": str(sft_out),
+        "rollout.context": "full", "sft.policy": str(setup["policy"]), "sft.out": str(sft_out),
         "sft.trajectories": str(traj / "train_episodes.jsonl"),
         "sft.val_trajectories": str(traj / "val_episodes.jsonl"), "sft.max_steps": 2, "sft.batch_size": 4,
         "sft.eval_every": 2, "sft.max_tokens": 4096, "sft.resume": "never"})
@@ -243,7 +244,7 @@ def test_full_history_baseline_learns_from_the_same_teacher_episodes_and_trains_
     assert sft_metrics["data_merged_samples"] < sft_metrics["train_samples"] == len(full)
     assert json.loads((sft_out / "model" / "policy.json").read_text())["context"] == "full"
     over = _grpo_overrides(setup, grpo_out, **{"train.policy": str(sft_out / "model"), "train.steps": 2,
-                                               "train.lambda_mem": 0.0, "agent.context": "full",
+                                               "mempo.lambda_mem": 0.0, "rollout.context": "full",
                                                "train.val_every": 2, "train.val_questions": 3})
     metrics = run_grpo(load_params(None, over), tracking=False)
     assert metrics["steps"] == 2
@@ -254,7 +255,7 @@ def test_full_history_baseline_learns_from_the_same_teacher_episodes_and_trains_
     assert hist[1]["val_turns"] >= 1 and 0.0 <= hist[1]["val_format_valid"] <= 1.0
     assert json.loads((grpo_out / "model" / "policy.json").read_text())["context"] == "full"
     with pytest.raises(ConfigError, match="lambda_mem"):
-        run_grpo(load_params(None, {**over, "train.lambda_mem": 1.0}), tracking=False)
+        run_grpo(load_params(None, {**over, "mempo.lambda_mem": 1.0}), tracking=False)
 
 
 @pytest.fixture(scope="module")
@@ -284,7 +285,7 @@ def test_grpo_three_steps_log_metrics_to_mlflow(grpo_run: dict[str, object]) -> 
     for key in GRPO_KEYS:
         hist = client.get_metric_history(run.info.run_id, f"train/{key}")
         assert [m.step for m in hist] == [1, 2, 3], key
-    assert run.data.params["train.lambda_mem"] == "1.0"
+    assert run.data.params["mempo.lambda_mem"] == "1.0"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
     assert "model/config.json" in artifacts
     assert (out / "model" / "model.safetensors").exists()
@@ -354,8 +355,8 @@ def test_smollm2_three_grpo_steps(setup: dict[str, Path], tmp_path: Path) -> Non
     bootstrap_smollm2(tmp_path / "smol")
     over = _grpo_overrides(setup, tmp_path / "run", **{
         # 135M parameters on 1 CPU thread: one turn per episode, one task of 2 rollouts per step.
-        "train.policy": str(tmp_path / "smol"), "train.lr": 1e-6, "train.max_new_tokens": 16,
-        "train.max_turns": 1, "train.batch_questions": 1, "train.micro_batch_size": 4})
+        "train.policy": str(tmp_path / "smol"), "train.lr": 1e-6, "train.rollout.max_new_tokens": 16,
+        "train.rollout.max_turns": 1, "train.batch_questions": 1, "train.micro_batch_size": 4})
     metrics = run_grpo(load_params(None, over), tracking=False)
     assert metrics["steps"] == 3
     assert (tmp_path / "run" / "model" / "config.json").exists()

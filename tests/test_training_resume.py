@@ -21,7 +21,7 @@ def inputs(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     root = tmp_path_factory.mktemp("resume")
     bootstrap_tiny(root / "policy", tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"],
                    spec=TinyPolicySpec(vocab_size=400, hidden_size=32, intermediate_size=64, num_layers=1,
-                                       num_heads=2, num_kv_heads=1, seed=1))
+                                       num_heads=2, num_kv_heads=1, seed=1, copy_steps=0))
     train = [q for q in load_qa(tiny_world / "qa" / "train.jsonl") if q.part == "rl"]
     write_prepared([to_verl_row(q, data_source="world", split="train", index=i) for i, q in enumerate(train)],
                    root / "data" / "train.parquet")
@@ -61,7 +61,7 @@ def test_grpo_never_continues_checkpoints_of_another_start_policy(
     params = load_params(None, {
         "train.policy": str(policy), "train.data": str(inputs["data"]),
         "train.retriever": str(inputs["world"] / "corpus.jsonl"), "train.out": str(out), "train.steps": 2,
-        "train.batch_questions": 1, "train.n_rollouts": 2, "train.max_new_tokens": 8, "train.max_turns": 1,
+        "train.batch_questions": 1, "train.n_rollouts": 2, "train.rollout.max_new_tokens": 8, "train.rollout.max_turns": 1,
         "train.checkpoint_every": 1, "train.threads": 1, "train.kl_coef": 0.0,
     })
     with monkeypatch.context() as m:
@@ -90,7 +90,7 @@ def test_grpo_resumes_its_own_run_then_retires(
     params = load_params(None, {
         "train.policy": str(inputs["policy"]), "train.data": str(inputs["data"]),
         "train.retriever": str(inputs["world"] / "corpus.jsonl"), "train.out": str(out), "train.steps": 2,
-        "train.batch_questions": 1, "train.n_rollouts": 2, "train.max_new_tokens": 8, "train.max_turns": 1,
+        "train.batch_questions": 1, "train.n_rollouts": 2, "train.rollout.max_new_tokens": 8, "train.rollout.max_turns": 1,
         "train.checkpoint_every": 1, "train.threads": 1, "train.kl_coef": 0.0,
     })
     with monkeypatch.context() as m:

@@ -113,7 +113,7 @@ def test_checkpoint_merged_to_hf_folder_by_verl_model_merger(launched, tiny_poli
 def test_plan_takes_lambda_from_train_section_and_joins_a_cluster(tmp_path, tiny_policy, monkeypatch):  # noqa: F811
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///x.db")
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
-    plan = plan_verl_run(_params(tmp_path, tiny_policy, **{"train.lambda_mem": 0.0, "verl.ray_address": "auto"}))
+    plan = plan_verl_run(_params(tmp_path, tiny_policy, **{"mempo.lambda_mem": 0.0, "verl.ray_address": "auto"}))
     assert "mempo.lambda_mem=0.0" in plan.overrides
     assert plan.env["RAY_ADDRESS"] == "auto" and "MLFLOW_TRACKING_URI" not in plan.env
     assert "MLFLOW_RUN_ID" not in plan.env and not plan.private_env  # inherited from the environment

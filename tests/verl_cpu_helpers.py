@@ -33,12 +33,13 @@ _BUILT_POLICIES: dict[str, Path] = {}
 @pytest.fixture(scope="session")
 def tiny_policy(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Folder of the tiny policy (tokenizer with the turn tags + random 2x128 Qwen2)."""
-    from mempo.policy.tiny import bootstrap_tiny
+    from mempo.policy.tiny import TinyPolicySpec, bootstrap_tiny
 
     key = str(tiny_world)
     if key not in _BUILT_POLICIES:
         out = tmp_path_factory.mktemp("policy") / "tiny"
-        bootstrap_tiny(out, tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"])
+        bootstrap_tiny(out, tiny_world / "corpus.jsonl", [tiny_world / "qa" / "train.jsonl"],
+                       spec=TinyPolicySpec(copy_steps=0))
         _BUILT_POLICIES[key] = out
     return _BUILT_POLICIES[key]
 

@@ -244,13 +244,13 @@ DECODERS = ("fast", "hf")
 
 
 def make_generator(model: Any, tokenizer: Any, kind: str = "fast", batch_size: int = 64) -> Generator:
-    """The in-process generator every caller builds (`agent.decoder`, `--decoder`):
+    """The in-process generator every caller builds (`rollout.decoder`, `--decoder`):
     "fast" = `FastGenerator`, "hf" = `HFGenerator` (transformers `generate()`, the fallback)."""
     if kind == "fast":
         return FastGenerator(model, tokenizer, batch_size=batch_size)
     if kind == "hf":
         return HFGenerator(model, tokenizer, batch_size=batch_size)
-    raise ConfigError(f"unknown decoder '{kind}' (choose from {', '.join(DECODERS)})", field="agent.decoder")
+    raise ConfigError(f"unknown decoder '{kind}' (choose from {', '.join(DECODERS)})", field="rollout.decoder")
 
 
 class OpenAIGenerator:

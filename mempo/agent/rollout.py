@@ -41,7 +41,9 @@ ContextFactory = Callable[[str, str], ContextBuilder]
 
 @dataclass
 class RolloutConfig:
-    """Episode limits (from `params.yaml` `agent:`).
+    """Episode limits: `RolloutConfig.from_params(rollout)` from the `rollout:` params. Built by
+    hand (tests, benchmarks) it defaults to one fixed limit of 8 turns (no per-objective
+    budget); its other defaults agree with `RolloutParams` (tests/test_config_rollout.py).
 
     Attributes:
         max_turns: turns before an episode is cut (`hit_turn_limit`); with
@@ -59,6 +61,13 @@ class RolloutConfig:
     max_concurrent_episodes: int = 64
     check_masks: bool = True
     turns_per_objective: int = 0
+
+    @classmethod
+    def from_params(cls, p: Any) -> RolloutConfig:
+        """From a `RolloutParams` (or anything with these attributes)."""
+        return cls(max_turns=p.max_turns, max_prompt_tokens=p.max_prompt_tokens,
+                   max_concurrent_episodes=p.max_concurrent_episodes, check_masks=p.check_masks,
+                   turns_per_objective=p.turns_per_objective)
 
     def turn_budget(self, k: int) -> int:
         """Turns a task of `k` objectives gets (see `turns_per_objective`)."""

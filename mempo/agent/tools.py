@@ -22,7 +22,8 @@ from mempo.retrieval.base import Retriever, format_passages
 
 @dataclass(frozen=True)
 class ToolConfig:
-    """Tool settings (from `params.yaml` `agent:`).
+    """Tool settings: `ToolConfig.from_params(rollout)` from the `rollout:` params (the defaults
+    agree with `RolloutParams`; tests/test_config_rollout.py checks it).
 
     Attributes:
         topk: passages per search.
@@ -36,6 +37,12 @@ class ToolConfig:
     observation_max_tokens: int = 512
     access_chunk_chars: int = 1000
     short_text_chars: int = 100
+
+    @classmethod
+    def from_params(cls, p: Any) -> ToolConfig:
+        """From a `RolloutParams` (or anything with these attributes)."""
+        return cls(topk=p.topk, observation_max_tokens=p.observation_max_tokens,
+                   access_chunk_chars=p.access_chunk_chars, short_text_chars=p.short_text_chars)
 
 
 @dataclass

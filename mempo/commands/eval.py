@@ -26,15 +26,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--backend", choices=["hf", "openai"], default=None, help="params: eval.backend")
     ev.add_argument("--openai-url", default=None, help="backend openai: server base URL (params: eval.openai_url)")
     ev.add_argument("--served-model", default=None, help="backend openai: served model name (params: eval.served_model)")
-    ev.add_argument("--concurrency", type=int, default=None, help="episodes in flight (params: eval.concurrency)")
+    ev.add_argument("--concurrency", type=int, default=None, help="episodes in flight (params: eval.rollout.max_concurrent_episodes)")
     ev.add_argument("--max-prompt-tokens", type=int, default=None,
                     help="eval-time context window; longer episodes are truncated and scored wrong "
-                         "(params: eval.max_prompt_tokens)")
+                         "(params: eval.rollout.max_prompt_tokens)")
     ev.add_argument("--limit", type=int, default=None, help="items per benchmark (params: eval.limit)")
     ev.add_argument("--seed", type=int, default=None, help="params: eval.seed")
     ev.add_argument("--device", default=None, help="cpu | cuda (params: eval.device)")
     ev.add_argument("--decoder", choices=["fast", "hf"], default=None,
-                    help="in-process generator for backend hf (params: agent.decoder)")
+                    help="in-process generator for backend hf (params: eval.rollout.decoder, else rollout.decoder)")
     ev.add_argument("--no-track", action="store_true", help="do not log to MLflow")
     ev.set_defaults(handler=_eval)
 
@@ -47,9 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("--backend", choices=["hf", "openai"], default=None, help="params: eval.backend")
     ask.add_argument("--openai-url", default=None, help="params: eval.openai_url")
     ask.add_argument("--served-model", default=None, help="params: eval.served_model")
-    ask.add_argument("--max-turns", type=int, default=None, help="params: eval.max_turns")
+    ask.add_argument("--max-turns", type=int, default=None, help="turns per objective (params: eval.rollout.turns_per_objective)")
     ask.add_argument("--device", default=None, help="params: eval.device")
-    ask.add_argument("--decoder", choices=["fast", "hf"], default=None, help="params: agent.decoder")
+    ask.add_argument("--decoder", choices=["fast", "hf"], default=None, help="params: eval.rollout.decoder, else rollout.decoder")
     ask.set_defaults(handler=_ask)
 
 
@@ -70,11 +70,12 @@ def _eval(args: argparse.Namespace) -> int:
         "eval.model": args.model, "eval.benchmarks": args.benchmarks, "eval.agents": args.agents,
         "eval.out": args.out, "eval.retriever": _retriever_flag(args.retriever), "eval.backend": args.backend,
         "eval.openai_url": args.openai_url, "eval.served_model": args.served_model,
-        "eval.concurrency": args.concurrency, "eval.max_prompt_tokens": args.max_prompt_tokens,
+        "eval.rollout.max_concurrent_episodes": args.concurrency,
+        "eval.rollout.max_prompt_tokens": args.max_prompt_tokens,
         "eval.limit": args.limit, "eval.seed": args.seed, "eval.device": args.device,
-        "agent.decoder": args.decoder,
+        "eval.rollout.decoder": args.decoder,
     })
-    result = run_eval(params.eval, params.benchmarks, track=not args.no_track, decoder=params.agent.decoder)
+    result = run_eval(params.eval, params.benchmarks, track=not args.no_track)
     benches = list(params.eval.benchmarks)
     print(f"{'EM':<16}" + "".join(f"{b:>11}" for b in benches))
     for agent in params.eval.agents:
@@ -93,13 +94,14 @@ def _ask(args: argparse.Namespace) -> int:
     params = params_from(args, {
         "eval.model": args.model, "eval.retriever": _retriever_flag(args.retriever), "eval.backend": args.backend,
         "eval.openai_url": args.openai_url, "eval.served_model": args.served_model,
-        "eval.max_turns": args.max_turns, "eval.device": args.device, "agent.decoder": args.decoder,
+        "eval.rollout.turns_per_objective": args.max_turns, "eval.device": args.device,
+        "eval.rollout.decoder": args.decoder,
     })
     p = params.eval
     with resolved_model(p.model) as model:
         engine = load_engine(model.path, model.tokenizer_path, backend=p.backend, device=p.device,
                              openai_url=p.openai_url, served_model=p.served_model, retriever=p.retriever,
-                             concurrency=1, decoder=params.agent.decoder)
+                             concurrency=1, decoder=p.rollout_params().decoder)
         episode = ask(args.question, engine, EvalSettings.from_params(p), full_context=args.full_context,
                       gold=args.gold)
     print(format_episode(episode, gold=args.gold))

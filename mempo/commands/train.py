@@ -36,11 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     grpo.add_argument("--retriever", default=None, help="index folder, corpus .jsonl or http URL (params: train.retriever)")
     grpo.add_argument("--out", default=None, help="output folder (params: train.out)")
     grpo.add_argument("--steps", type=int, default=None, help="optimiser steps (params: train.steps)")
-    grpo.add_argument("--lambda-mem", type=float, default=None, help="weight of A^M; 0 = plain GRPO (params: train.lambda_mem)")
+    grpo.add_argument("--lambda-mem", type=float, default=None, help="weight of A^M; 0 = plain GRPO (params: mempo.lambda_mem)")
     grpo.add_argument("--device", default=None, help="cpu | cuda | auto (params: train.device)")
     grpo.add_argument("--seed", type=int, default=None, help="seed (params: train.seed)")
     grpo.add_argument("--resume", default=None, help="auto | never | CHECKPOINT (params: train.resume)")
-    grpo.add_argument("--decoder", choices=["fast", "hf"], default=None, help="rollout generator (params: agent.decoder)")
+    grpo.add_argument("--decoder", choices=["fast", "hf"], default=None, help="rollout generator (params: train.rollout.decoder, else rollout.decoder)")
     grpo.set_defaults(handler=_grpo)
 
     verl = add_subparser(tsub, "verl", "the scale path: MemPO as a verl 0.9.1 plug-in on Ray + GPUs (SGLang rollouts)")
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     verl.add_argument("--nnodes", type=int, default=None, help="Ray nodes (params: verl.nnodes)")
     verl.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (params: verl.n_gpus_per_node)")
     verl.add_argument("--steps", type=int, default=None, help="stop after N steps, 0 = epochs (params: verl.total_training_steps)")
-    verl.add_argument("--lambda-mem", type=float, default=None, help="weight of A^M (params: verl.lambda_mem, else train.lambda_mem)")
+    verl.add_argument("--lambda-mem", type=float, default=None, help="weight of A^M (params: verl.lambda_mem, else mempo.lambda_mem)")
     verl.add_argument("--dry-run", action="store_true", help="check the verl pin and plug-in, print the command, start nothing")
     verl.add_argument("hydra_overrides", nargs="*", metavar="KEY=VALUE", help="extra verl Hydra overrides")
     verl.set_defaults(handler=_verl)
@@ -86,9 +86,9 @@ def _grpo(args: argparse.Namespace) -> int:
 
     params = params_from(args, {
         "train.policy": args.policy, "train.data": args.data, "train.retriever": args.retriever,
-        "train.out": args.out, "train.steps": args.steps, "train.lambda_mem": args.lambda_mem,
+        "train.out": args.out, "train.steps": args.steps, "mempo.lambda_mem": args.lambda_mem,
         "train.device": args.device, "train.seed": args.seed, "train.resume": args.resume,
-        "agent.decoder": args.decoder,
+        "train.rollout.decoder": args.decoder,
     })
     metrics = run_grpo(params)
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))

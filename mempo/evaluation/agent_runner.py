@@ -86,7 +86,7 @@ def run_multi_turn(
     if engine.retriever is None:
         raise MempoError(f"agent '{agent}' needs a retriever (eval.retriever)")
     policy = _TimedPolicy(engine.turn_policy or GeneratorPolicy(
-        engine.generator, sampling_params(settings), max_batch=settings.concurrency))
+        engine.generator, sampling_params(settings), max_batch=settings.rollout.max_concurrent_episodes))
     env = ToolEnv(engine.retriever, engine.tokenizer, settings.tool_config())
     config = settings.rollout_config()
     ended: dict[str, float] = {}
@@ -155,8 +155,8 @@ def run_single_turn(
     if agent == "rag":
         if engine.retriever is None:
             raise MempoError("agent 'rag' needs a retriever (eval.retriever)")
-        hits = engine.retriever.search([it.question for it in items], topk=settings.topk) if items else []
-        observations = [format_observation(format_passages(h) if h else "No results.", tok, settings.max_obs_tokens)
+        hits = engine.retriever.search([it.question for it in items], topk=settings.rollout.topk) if items else []
+        observations = [format_observation(format_passages(h) if h else "No results.", tok, settings.rollout.observation_max_tokens)
                         for h in hits]
     messages = [single_turn_messages(it.question, obs) for it, obs in zip(items, observations, strict=True)]
     prompts = [tok.encode(render_prompt(tok, m), add_special_tokens=False) for m in messages]
@@ -166,8 +166,8 @@ def run_single_turn(
         from tqdm.auto import tqdm
 
         out: dict[int, Any] = {}
-        for start in tqdm(range(0, len(idx), settings.concurrency), desc=desc, leave=False):
-            batch = idx[start:start + settings.concurrency]
+        for start in tqdm(range(0, len(idx), settings.rollout.max_concurrent_episodes), desc=desc, leave=False):
+            batch = idx[start:start + settings.rollout.max_concurrent_episodes]
             t0 = time.perf_counter()
             gens = engine.generator.generate([prompt_of[i] for i in batch], sampling)
             dt = time.perf_counter() - t0
@@ -176,14 +176,15 @@ def run_single_turn(
                 latency[i] += dt
         return out
 
-    fits = [i for i, p in enumerate(prompts) if len(p) <= settings.max_prompt_tokens]
+    limit = settings.rollout.max_prompt_tokens or float("inf")  # 0 = no limit, as in rollouts
+    fits = [i for i, p in enumerate(prompts) if len(p) <= limit]
     first = generate(fits, dict(enumerate(prompts)), sampling_params(settings), f"{agent} ({bench})")
     parsed_first = {i: parse_turn(g.text) for i, g in first.items()}
     # Turns that did not answer continue from their own memory and reasoning into `<answer> `.
     prefixes = {i: forced_answer_prefix(p) for i, p in parsed_first.items() if p.action != "answer"}
     forced_prompts = {i: tok.encode(render_prompt(tok, messages[i], prefixes[i]), add_special_tokens=False)
                       for i in prefixes}
-    forced_fits = [i for i in prefixes if len(forced_prompts[i]) <= settings.max_prompt_tokens]
+    forced_fits = [i for i in prefixes if len(forced_prompts[i]) <= limit]
     forced = generate(forced_fits, forced_prompts, sampling_params(settings),
                       f"{agent} ({bench}, answers)")
 

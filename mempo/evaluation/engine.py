@@ -74,7 +74,7 @@ def load_engine(
     decoder: str = "fast",
 ) -> Engine:
     """Tokenizer + generator (+ model for hf) + retriever for an evaluation. `decoder`
-    ("fast" | "hf", `agent.decoder`) picks the in-process generator of backend hf."""
+    ("fast" | "hf", `rollout.decoder`) picks the in-process generator of backend hf."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -107,7 +107,7 @@ def engines_for(p: Any, resolved: Mapping[str, Any], refs: Mapping[str, str], de
     retriever shared by all (opened unless every agent is `direct`, closed by `cleanup`)."""
     engines_by_ref = {ref: load_engine(
         m.path, m.tokenizer_path, backend=p.backend, device=p.device, openai_url=p.openai_url,
-        served_model=p.served_model, concurrency=p.concurrency, decoder=decoder) for ref, m in resolved.items()
+        served_model=p.served_model, concurrency=p.rollout_params().max_concurrent_episodes, decoder=decoder) for ref, m in resolved.items()
         if ref in refs.values()}
     if any(a != "direct" for a in p.agents):
         from mempo.retrieval import open_retriever

@@ -54,7 +54,7 @@ class EvalResult:
 
 
 def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bool = True,
-             decoder: str = "fast") -> EvalResult:
+             decoder: str | None = None) -> EvalResult:
     """The `eval` stage: load benchmarks, resolve the model, run the agents, write and log outputs.
 
     Args:
@@ -62,12 +62,14 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
         benchmarks: the `benchmarks:` section (`BenchmarksParams`) or a name -> path mapping.
         engine: an already built engine (tests, `mempo ask` reuse); built from `p` otherwise.
         track: log to an MLflow `eval` stage run (also off with MEMPO_TRACKING=0).
-        decoder: the in-process generator when the engine is built here (`agent.decoder`).
+        decoder: the in-process generator when the engine is built here (None: the
+            resolved `eval.rollout` / `rollout.decoder`).
     """
     from mempo.evaluation.model_ref import resolved_model
     from mempo.tracking import stage_run
 
     settings = EvalSettings.from_params(p)
+    decoder = decoder or settings.rollout.decoder
     paths = benchmarks.paths() if hasattr(benchmarks, "paths") else dict(benchmarks)
     unknown = [a for a in p.agents if a not in AGENTS]
     if unknown:
@@ -107,6 +109,7 @@ def _meta(p: Any, settings: EvalSettings, items: Mapping[str, Sequence[Task]], m
           policy_paths: Mapping[str, Path], decoder: str) -> dict[str, Any]:
     """`eval.json`: the model, each agent's policy and context, the settings and the counts."""
     needs_retriever = any(a != "direct" for a in p.agents)
+    r = settings.rollout
     return {
         **model,
         "policies": {a: {"model": p.models.get(a, p.model), "trained_context": policy_context(policy_paths[a]),
@@ -118,10 +121,10 @@ def _meta(p: Any, settings: EvalSettings, items: Mapping[str, Sequence[Task]], m
         "benchmarks": ", ".join(f"{b} ({len(v)})" for b, v in items.items()),
         "limit": p.limit,
         "seed": p.seed,
-        "decoding": "greedy" if p.temperature == 0 else f"temperature {p.temperature}",
-        "max_prompt_tokens": p.max_prompt_tokens,
-        "max_turns": f"{p.max_turns} per objective, cap {p.max_turns_cap}",
-        "settings": settings.__dict__,
+        "decoding": "greedy" if r.temperature == 0 else f"temperature {r.temperature}",
+        "max_prompt_tokens": r.max_prompt_tokens,
+        "max_turns": f"{r.turns_per_objective} per objective, cap {r.max_turns}",
+        "settings": settings.describe(),
     }
 
 

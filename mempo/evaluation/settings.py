@@ -4,71 +4,68 @@ sampling configuration.
     from mempo.evaluation.settings import EvalSettings, sampling_params
     settings = EvalSettings.from_params(load_params("params.yaml").eval)
     env = ToolEnv(retriever, tokenizer, settings.tool_config())
-    sampling_params(settings)          # greedy unless eval.temperature > 0
+    sampling_params(settings)          # greedy unless eval.rollout.temperature > 0
 
 The `mempo eval` stage builds them from its `eval:` section; the GRPO trainer's periodic
-validation builds them from `agent:` + `train:` (`mempo.training.grpo.val_settings`), so
+validation builds them from the training episodes' (`mempo.training.grpo.val_settings`), so
 both run episodes through the same code with the limits each stage asks for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalSettings:
-    """The knobs of one evaluation (the `eval:` params section, minus model/benchmark choice).
+    """The knobs of one evaluation: its episode settings and the eval-only ones.
+
+    It has no defaults of its own (the one source is `mempo.config`); build it with
+    `from_params`.
 
     Attributes:
-        max_turns: turns per objective; a k-objective task gets `min(k * max_turns, max_turns_cap)`.
-        max_prompt_tokens: the eval-time context window: an episode whose next prompt is
-            longer stops there, is recorded as truncated and scored as wrong.
-        max_new_tokens: tokens generated per turn.
-        max_obs_tokens: a tool result is cut to this many tokens before it enters a prompt.
-        temperature: 0 = greedy.
-        access_chunk_chars, short_text_chars, check_masks: as `agent:` (`ToolConfig`,
-            `RolloutConfig`); `eval:` has no such keys, so the stage keeps their defaults.
+        rollout: the resolved episode settings (`RolloutParams`: `rollout:` with
+            `eval.rollout` over it): turn budget (`turns_per_objective` per objective,
+            capped at `max_turns`), `max_prompt_tokens` (an episode whose next prompt is
+            longer stops there, truncated and scored wrong; 0 = no limit),
+            `max_concurrent_episodes`, `max_new_tokens`, `observation_max_tokens`,
+            `temperature` (0 = greedy), tools.
+        seed, memory_probe, external_memory_encoder, external_memory_snippets: as `eval:`.
     """
 
-    concurrency: int = 16
-    max_prompt_tokens: int = 4096
-    seed: int = 0
-    max_turns: int = 6
-    max_turns_cap: int = 64
-    topk: int = 3
-    max_new_tokens: int = 160
-    max_obs_tokens: int = 256
-    temperature: float = 0.0
-    memory_probe: bool = True
-    external_memory_encoder: str = "hashing"
-    external_memory_snippets: int = 3
-    access_chunk_chars: int = 1000
-    short_text_chars: int = 100
-    check_masks: bool = True
+    rollout: Any
+    seed: int
+    memory_probe: bool
+    external_memory_encoder: str
+    external_memory_snippets: int
 
     @classmethod
-    def from_params(cls, p: Any) -> EvalSettings:
-        """From an `EvalParams` (or anything with the same attributes); fields it lacks keep
-        their defaults."""
-        return cls(**{f.name: getattr(p, f.name) for f in fields(cls) if hasattr(p, f.name)})
+    def from_params(cls, p: Any, rollout: Any | None = None) -> EvalSettings:
+        """From an `EvalParams`; `rollout` (a `RolloutParams`) replaces its resolved
+        `p.rollout_params()` (the GRPO trainer's validation runs the training episodes)."""
+        return cls(rollout=rollout if rollout is not None else p.rollout_params(), seed=p.seed,
+                   memory_probe=p.memory_probe, external_memory_encoder=p.external_memory_encoder,
+                   external_memory_snippets=p.external_memory_snippets)
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able view (eval.json)."""
+        return {**self.rollout.model_dump(mode="json"), "seed": self.seed, "memory_probe": self.memory_probe,
+                "external_memory_encoder": self.external_memory_encoder,
+                "external_memory_snippets": self.external_memory_snippets}
 
     def tool_config(self) -> Any:
         """The tool settings: passages per search, observation cut, `<access>` chunking."""
         from mempo.agent.tools import ToolConfig
 
-        return ToolConfig(topk=self.topk, observation_max_tokens=self.max_obs_tokens,
-                          access_chunk_chars=self.access_chunk_chars, short_text_chars=self.short_text_chars)
+        return ToolConfig.from_params(self.rollout)
 
     def rollout_config(self) -> Any:
-        """The rollout limits: `max_turns` per objective, capped at `max_turns_cap`."""
+        """The rollout limits: `turns_per_objective` per objective, capped at `max_turns`."""
         from mempo.agent.rollout import RolloutConfig
 
-        return RolloutConfig(max_turns=self.max_turns_cap, turns_per_objective=self.max_turns,
-                             max_prompt_tokens=self.max_prompt_tokens,
-                             max_concurrent_episodes=self.concurrency, check_masks=self.check_masks)
+        return RolloutConfig.from_params(self.rollout)
 
 
 def sampling_params(settings: EvalSettings, stop: Sequence[str] | None = None) -> Any:
@@ -76,9 +73,9 @@ def sampling_params(settings: EvalSettings, stop: Sequence[str] | None = None) -
     from mempo.agent.generation import SamplingParams
 
     kw: dict[str, Any] = dict(
-        max_new_tokens=settings.max_new_tokens,
-        temperature=settings.temperature,
-        seed=settings.seed if settings.temperature > 0 else None,
+        max_new_tokens=settings.rollout.max_new_tokens,
+        temperature=settings.rollout.temperature,
+        seed=settings.seed if settings.rollout.temperature > 0 else None,
         logprobs=False,
     )
     if stop is not None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -150,9 +149,7 @@ def bootstrap_policy(params: Any) -> dict[str, Any]:
         # Imported here: mempo.policy.tiny imports POLICY_MANIFEST from this module.
         from mempo.policy.tiny import TinyPolicySpec, bootstrap_tiny
 
-        # every TinyPolicySpec field has a `policy.` key of the same name
-        spec = TinyPolicySpec(**{f.name: getattr(params, f.name) for f in fields(TinyPolicySpec)})
-        return bootstrap_tiny(params.out, params.corpus, params.questions, spec=spec)
+        return bootstrap_tiny(params.out, params.corpus, params.questions, spec=TinyPolicySpec.from_params(params))
     if params.kind == "smollm2":
         return bootstrap_smollm2(params.out)
     if not params.base_model:

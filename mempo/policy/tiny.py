@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from mempo.config.stages import PolicyParams
 from mempo.errors import DataError
 from mempo.io import atomic_dir, write_json
 from mempo.policy.bootstrap import POLICY_MANIFEST
@@ -42,23 +43,33 @@ CHATML_TEMPLATE = (
 IM_START, IM_END, END_OF_TEXT, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|pad|>"
 
 
+_POLICY = PolicyParams()  # the defaults of the `policy:` section
+
+
 @dataclass(frozen=True)
 class TinyPolicySpec:
-    """Size of the tiny policy. The default (2 x 128, 1.5k vocab, ~0.7M parameters) trains at
-    about 10k tokens/s on 2 CPU threads; 4 x 256 was measured at 2.5k tokens/s."""
+    """Size of the tiny policy: the tiny-model keys of the `policy:` section, whose defaults
+    (`PolicyParams`) these are; `from_params` builds one from the section. The default
+    (2 x 128, 1.5k vocab, ~0.7M parameters) trains at about 10k tokens/s on 2 CPU threads;
+    4 x 256 was measured at 2.5k tokens/s."""
 
-    vocab_size: int = 1536
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    max_positions: int = 2048
-    seed: int = 0
-    max_token_chars: int = 0  # longest BPE token in characters (0 = no limit)
-    copy_steps: int = 0       # copy warm-up optimiser steps after init (0 = none); see `copy_warmup`
-    copy_lr: float = 1e-3     # its constant AdamW LR
-    copy_batch: int = 32      # sequences per step
+    vocab_size: int = _POLICY.vocab_size
+    hidden_size: int = _POLICY.hidden_size
+    intermediate_size: int = _POLICY.intermediate_size
+    num_layers: int = _POLICY.num_layers
+    num_heads: int = _POLICY.num_heads
+    num_kv_heads: int = _POLICY.num_kv_heads
+    max_positions: int = _POLICY.max_positions
+    seed: int = _POLICY.seed
+    max_token_chars: int = _POLICY.max_token_chars  # longest BPE token in characters (0 = no limit)
+    copy_steps: int = _POLICY.copy_steps  # copy warm-up optimiser steps after init (0 = none); see `copy_warmup`
+    copy_lr: float = _POLICY.copy_lr      # its constant AdamW LR
+    copy_batch: int = _POLICY.copy_batch  # sequences per step
+
+    @classmethod
+    def from_params(cls, params: PolicyParams) -> TinyPolicySpec:
+        """The spec the `policy:` section asks for (every field is a `policy.` key of the same name)."""
+        return cls(**{f.name: getattr(params, f.name) for f in fields(cls)})
 
 
 def _training_texts(
@@ -223,7 +234,8 @@ def bootstrap_tiny(
         corpus: wiki-18-format corpus the tokenizer learns from.
         question_files: FlashRAG QA files whose questions and answers it also learns from.
         added_tokens: tokens kept whole (default: the turn tags, `mempo.agent.format.TAGS`).
-        spec: model size and init seed.
+        spec: model size, init seed and copy warm-up (default: those of the `policy:` section,
+            its 800 warm-up steps included; `TinyPolicySpec(copy_steps=0)` skips the warm-up).
         extra_texts: prompt scaffolding the tokenizer should encode compactly (default:
             the user templates of `mempo.agent.format`).
     Returns: the manifest written to `out/policy.json`.

@@ -24,10 +24,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mempo.config.stages import PromoteParams
+
+_PROMOTE = PromoteParams()  # the defaults of the `promote:` section
+
 
 @dataclass(frozen=True)
 class GateConfig:
-    """What a challenger must show to replace the champion.
+    """What a challenger must show to replace the champion: the gate keys of the `promote:`
+    section, whose defaults (`PromoteParams`) these are; `from_params` builds one from it.
 
     Attributes:
         primary_metric: the metric that decides (e.g. `memory/world/em`).
@@ -45,16 +50,27 @@ class GateConfig:
             on the same questions (equal eval-set sha256) by both versions.
     """
 
-    primary_metric: str = "memory/world/em"
-    min_gain: float = 0.0
-    tolerance: float = 0.02
-    guard_metrics: tuple[str, ...] = ("memory/*/em", "memory/*/f1")
-    lower_is_better: tuple[str, ...] = ("*tokens*", "*latency*", "*turns*", "*searches*")
-    required_benchmarks: tuple[str, ...] = ("world",)
-    benchmark_metric: str = "memory/{benchmark}/em"
-    floors: Mapping[str, float] = field(default_factory=dict)
-    min_eval_n: int = 1
-    same_eval_set: bool = True
+    primary_metric: str = _PROMOTE.primary_metric
+    min_gain: float = _PROMOTE.min_gain
+    tolerance: float = _PROMOTE.tolerance
+    guard_metrics: tuple[str, ...] = tuple(_PROMOTE.guard_metrics)
+    lower_is_better: tuple[str, ...] = tuple(_PROMOTE.lower_is_better)
+    required_benchmarks: tuple[str, ...] = tuple(_PROMOTE.required_benchmarks)
+    benchmark_metric: str = _PROMOTE.benchmark_metric
+    floors: Mapping[str, float] = field(default_factory=lambda: dict(_PROMOTE.floors))
+    min_eval_n: int = _PROMOTE.min_eval_n
+    same_eval_set: bool = _PROMOTE.same_eval_set
+
+    @classmethod
+    def from_params(cls, p: PromoteParams | Mapping[str, Any]) -> GateConfig:
+        """The gate the `promote:` section asks for (a `PromoteParams` or a mapping of its keys;
+        keys that are not gate settings, such as `out`, are left out)."""
+        d = p.model_dump() if isinstance(p, PromoteParams) else dict(p)
+        d = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        for k in ("guard_metrics", "lower_is_better", "required_benchmarks"):
+            if k in d:
+                d[k] = tuple(d[k])
+        return cls(**d)
 
     def is_lower_better(self, key: str) -> bool:
         return any(fnmatch.fnmatchcase(key, p) for p in self.lower_is_better)
@@ -212,12 +228,6 @@ def gate_evidence(metrics: Mapping[str, float], gate: GateConfig) -> dict[str, f
     keys |= {f"{a}/{b}/n" for a, b in filter(None, map(split_metric_key, list(keys)))}
     return {k: metrics[k] for k in sorted(keys) if k in metrics}
 
-def gate_from_params(p: Any) -> GateConfig:
-    """A `GateConfig` from the `promote:` params section (a pydantic model or mapping)."""
-    d = p.model_dump() if hasattr(p, "model_dump") else dict(p)
-    keys = {f for f in GateConfig.__dataclass_fields__}
-    d = {k: v for k, v in d.items() if k in keys}
-    for k in ("guard_metrics", "lower_is_better", "required_benchmarks"):
-        if k in d:
-            d[k] = tuple(d[k])
-    return GateConfig(**d)
+def gate_from_params(p: PromoteParams | Mapping[str, Any]) -> GateConfig:
+    """`GateConfig.from_params` (the name the KFP components and the CLI call)."""
+    return GateConfig.from_params(p)

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mempo.io import flatten
 from mempo.tracking.lineage import (
     MAX_PARAM_CHARS,
     MAX_TAG_CHARS,
@@ -49,25 +50,14 @@ STAGE_WALL_METRIC = "stage_wall_s"
 
 
 def _flat_params(params: Any) -> dict[str, Any]:
+    """`{"section.key": value}` of a pydantic model or a mapping (the walk is `io.flatten`)."""
     if params is None:
         return {}
     if hasattr(params, "model_dump"):
-        dumped = params.model_dump(mode="json")
-    elif isinstance(params, Mapping):
-        dumped = dict(params)
-    else:
-        raise TypeError(f"params must be a pydantic model or a mapping, got {type(params).__name__}")
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, obj: Any) -> None:
-        if isinstance(obj, Mapping):
-            for k, v in obj.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        else:
-            out[prefix] = obj
-
-    walk("", dumped)
-    return out
+        return flatten(params.model_dump(mode="json"))
+    if isinstance(params, Mapping):
+        return flatten(params)
+    raise TypeError(f"params must be a pydantic model or a mapping, got {type(params).__name__}")
 
 
 class _NoRun:

@@ -2,7 +2,7 @@
 
     mempo train grpo --policy outputs/sft/model --data data/prepared --retriever outputs/index \
         --out outputs/train
-    mempo --set train.lambda_mem=0 train grpo ...       # plain GRPO (no memory advantage)
+    mempo --set mempo.lambda_mem=0 train grpo ...       # plain GRPO (no memory advantage)
 
 One step:
  1. take B tasks from `train.parquet` (a seeded permutation per epoch; the position is in
@@ -103,41 +103,35 @@ class RolloutSetup:
     config: Any
 
 
-def make_rollout_setup(retriever: Any, tokenizer: Any, agent: Any, tp: Any) -> RolloutSetup:
-    """Tool env, sampling params and rollout config from `agent:` and `train:` params."""
+def make_rollout_setup(retriever: Any, tokenizer: Any, rollout: Any) -> RolloutSetup:
+    """Tool env, sampling params and rollout config from the training episodes' settings
+    (`params.train.rollout_params()`: `rollout:` with `train.rollout` over it)."""
     from mempo.agent.generation import SamplingParams
     from mempo.agent.rollout import RolloutConfig
     from mempo.agent.tools import ToolConfig, ToolEnv
 
-    env = ToolEnv(retriever, tokenizer, ToolConfig(
-        topk=agent.topk, observation_max_tokens=agent.observation_max_tokens,
-        access_chunk_chars=agent.access_chunk_chars, short_text_chars=agent.short_text_chars))
-    sampling = SamplingParams(
-        max_new_tokens=tp.max_new_tokens or agent.max_new_tokens,
-        temperature=agent.temperature, top_p=agent.top_p, seed=None, logprobs=False)
-    config = RolloutConfig(max_turns=tp.max_turns or agent.max_turns, max_prompt_tokens=agent.max_prompt_tokens,
-                           check_masks=agent.check_masks, turns_per_objective=agent.turns_per_objective)
-    return RolloutSetup(env, sampling, config)
+    env = ToolEnv(retriever, tokenizer, ToolConfig.from_params(rollout))
+    sampling = SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
+                              top_p=rollout.top_p, seed=None, logprobs=False)
+    return RolloutSetup(env, sampling, RolloutConfig.from_params(rollout))
 
 
 # The eval agent that runs in each training context.
 AGENT_OF_CONTEXT = {"memory": "memory", "full": "full_context"}
 
 
-def val_settings(agent: Any, tp: Any) -> Any:
-    """The evaluation settings of the periodic validation: the training rollout's tools and
-    turn limits (`agent:`, `train.max_turns` / `train.max_new_tokens`), greedy, no probe."""
+def val_settings(rollout: Any, tp: Any) -> Any:
+    """The evaluation settings of the periodic validation: the training episodes' tools and
+    turn limits (`rollout`, resolved for `train:`), greedy, `train.generation_batch_size`
+    episodes at once, no probe (the other eval-only knobs: `EvalParams` defaults)."""
+    from mempo.config import EvalParams
     from mempo.evaluation.settings import EvalSettings
 
-    return EvalSettings(
-        concurrency=tp.generation_batch_size, max_prompt_tokens=agent.max_prompt_tokens,
-        max_turns=agent.turns_per_objective, max_turns_cap=tp.max_turns or agent.max_turns, topk=agent.topk,
-        max_new_tokens=tp.max_new_tokens or agent.max_new_tokens, max_obs_tokens=agent.observation_max_tokens,
-        temperature=0.0, memory_probe=False, access_chunk_chars=agent.access_chunk_chars,
-        short_text_chars=agent.short_text_chars, check_masks=agent.check_masks)
+    greedy = rollout.model_copy(update={"temperature": 0.0, "max_concurrent_episodes": tp.generation_batch_size})
+    return EvalSettings.from_params(EvalParams(memory_probe=False), rollout=greedy)
 
 
-def validate(model: Any, tokenizer: Any, retriever: Any, tasks: Sequence[Any], agent: Any,
+def validate(model: Any, tokenizer: Any, retriever: Any, tasks: Sequence[Any], rollout: Any,
              tp: Any) -> dict[str, float]:
     """Greedy episodes of the training agent on `tasks` (`mempo.tasks.Task`s) through `mempo eval`'s own
     code (`mempo.evaluation.agent_runner.run_multi_turn`): mean em, f1, format_valid, turns
@@ -147,20 +141,20 @@ def validate(model: Any, tokenizer: Any, retriever: Any, tasks: Sequence[Any], a
     from mempo.evaluation.engine import Engine
 
     model.eval()
-    engine = Engine(make_generator(model, tokenizer, agent.decoder, batch_size=tp.generation_batch_size),
+    engine = Engine(make_generator(model, tokenizer, rollout.decoder, batch_size=tp.generation_batch_size),
                     tokenizer, retriever)
-    rows = run_multi_turn(AGENT_OF_CONTEXT[agent.context], "val", list(tasks), engine, val_settings(agent, tp))
+    rows = run_multi_turn(AGENT_OF_CONTEXT[rollout.context], "val", list(tasks), engine, val_settings(rollout, tp))
     return {m: mean([float(r[m]) for r in rows]) for m in ("em", "f1", "format_valid", "turns")}
 
 
 def run_grpo(params: Any, tracking: bool = True) -> dict[str, Any]:
     """Run the local GRPO + memory-advantage trainer. `params` is the whole
-    `mempo.config.Params` (reads `train`, `agent`, `mempo`). Returns the final metrics."""
+    `mempo.config.Params` (reads `train`, `rollout`, `mempo`). Returns the final metrics."""
     from mempo.training.stage import tracked
 
     tp = params.train
     return tracked("train", tracking, lambda: _run_grpo(params),
-                   params={"train": tp.model_dump(), "agent": params.agent.model_dump(),
+                   params={"train": tp.model_dump(), "rollout": tp.rollout_params().model_dump(),
                            "mempo": params.mempo.model_dump()},
                    data={"policy": tp.policy, "train_data": str(Path(tp.data) / "train.parquet")})
 
@@ -189,10 +183,11 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     from mempo.training.rollouts import lockstep_episodes
     from mempo.training.stage import CurvePlot, TrainingStage
 
-    tp, agent, mp = params.train, params.agent, params.mempo
-    if agent.context == "full" and tp.lambda_mem != 0:
+    tp, mp = params.train, params.mempo
+    agent = tp.rollout_params()  # `rollout:` with `train.rollout` over it
+    if agent.context == "full" and mp.lambda_mem != 0:
         raise ConfigError("the full-history agent writes no memory its context depends on: train it with "
-                          "lambda_mem 0 (plain GRPO, Search-R1 style)", field="train.lambda_mem")
+                          "lambda_mem 0 (plain GRPO, Search-R1 style)", field="mempo.lambda_mem")
     stage = TrainingStage.start(tp.out, tp.policy, seed=tp.seed, threads=tp.threads, device=tp.device, dtype=tp.dtype)
     model, tok, device = stage.model, stage.tokenizer, stage.device
     ref_model = None
@@ -207,16 +202,16 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(tp.warmup_steps, 1)))
     # The run's identity: params plus the contents of what it reads (a changed start policy,
     # data or index is a different run, whose old checkpoints must not be continued).
-    state = stage.resume(tp.resume, {"train": tp.model_dump(), "agent": agent.model_dump(), "mempo": mp.model_dump()},
+    state = stage.resume(tp.resume, {"train": tp.model_dump(), "rollout": agent.model_dump(), "mempo": mp.model_dump()},
                          {"policy": tp.policy, "data": tp.data, "retriever": tp.retriever}, opt, sched)
     pad_id = tok.pad_token_id
     temperature = agent.temperature if agent.temperature > 0 else 1.0
     t_run = time.perf_counter()
 
     with open_retriever(tp.retriever) as retriever:
-        setup = make_rollout_setup(retriever, tok, agent, tp)
+        setup = make_rollout_setup(retriever, tok, agent)
         generator = make_generator(model, tok, agent.decoder, batch_size=tp.generation_batch_size)
-        bar = tqdm(total=tp.steps, initial=state.step, desc=f"grpo (lambda_mem={tp.lambda_mem})", unit="step")
+        bar = tqdm(total=tp.steps, initial=state.step, desc=f"grpo (lambda_mem={mp.lambda_mem})", unit="step")
         while state.step < tp.steps:
             t0 = time.perf_counter()
             idx = step_tasks(len(train_tasks), tp.batch_questions, state.step, tp.seed)
@@ -231,7 +226,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
             # 2. memory rewards (batched teacher-forced answer probabilities)
             mem_r = None
             turns_flat = [(ep, t) for ep in episodes for t in ep.turns]
-            if agent.context == "memory" and (tp.lambda_mem != 0 or tp.log_memory_reward):
+            if agent.context == "memory" and (mp.lambda_mem != 0 or tp.log_memory_reward):
                 full_prompts: list[str | None] = [None] * len(turns_flat)
                 if mp.eps == "full_context":
                     from mempo.agent.format import ANSWER_PROBE_PREFIX, render_prompt
@@ -245,7 +240,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
                     mem_r = memory_reward(model, tok, mturns, mp.eps, mp.form, mp.probe_batch_size)
             t2 = time.perf_counter()
             # 3. advantages
-            samples, adv = build_turn_samples(episodes, groups, rewards, mem_r, tp.lambda_mem, mp)
+            samples, adv = build_turn_samples(episodes, groups, rewards, mem_r, mp.lambda_mem, mp)
             n_records = len(samples)
             samples = merge_turn_samples(samples)  # full history: one record per episode
             # 4. update
@@ -304,7 +299,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     total_step = sum(r["time_step"] for r in hist)
     metrics: dict[str, Any] = {
         "steps": state.step,
-        "lambda_mem": tp.lambda_mem,
+        "lambda_mem": mp.lambda_mem,
         "train_seconds": time.perf_counter() - t_run,
         "final_reward_mean": mean([r["reward_mean"] for r in hist[-max(1, len(hist) // 4):]]),
         "final_em": mean([r["em"] for r in hist[-max(1, len(hist) // 4):]]),
@@ -322,10 +317,10 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     if vals:
         metrics["val_em"] = vals[-1]["val_em"]
         metrics["val_f1"] = vals[-1]["val_f1"]
-    stage.finish({"kind": "grpo", "base": str(tp.policy), "steps": state.step, "lambda_mem": tp.lambda_mem,
+    stage.finish({"kind": "grpo", "base": str(tp.policy), "steps": state.step, "lambda_mem": mp.lambda_mem,
                   "context": agent.context}, metrics, hist, [
         CurvePlot(["reward_mean", "em", "format_valid"] + (["val_em"] if vals else []), "train_reward.png",
-                  f"GRPO (lambda_mem={tp.lambda_mem})"),
+                  f"GRPO (lambda_mem={mp.lambda_mem})"),
         CurvePlot(["kl", "entropy", "clip_frac"], "train_policy.png", "policy statistics"),
         CurvePlot(["time_rollout", "time_mem_scoring", "time_update"], "train_time.png", "step time (s)"),
     ], "train_final")

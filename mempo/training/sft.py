@@ -12,7 +12,7 @@ as the rollout tokenises them, so SFT and RL see the same token boundaries.
 Trajectories come from the scripted teacher, run on the tasks the data stage wrote
 (`data.out/sft.parquet`, `sft_val.parquet`; `mempo.data.sft_split`), or from any jsonl of
 turns, episodes or episode records (`sft.trajectories`; formats in
-`mempo.training.sft_data`). Episode records are rendered in `agent.context`: the memory
+`mempo.training.sft_data`). Episode records are rendered in `rollout.context`: the memory
 agent's prompts (MemPO) or the whole history (the Search-R1-style baseline), so both
 policies learn from the same teacher episodes. The teacher's correct episodes are written as
 records to `OUT/trajectories/{train,val}_episodes.jsonl` (and, rendered, to
@@ -284,7 +284,7 @@ def _run_sft(params: Any) -> dict[str, Any]:
     sources = ({"trajectories": p.trajectories, "val_trajectories": p.val_trajectories} if p.trajectories
                else {"world": p.world, "retriever": p.retriever,
                      **dict(zip(("tasks", "val_tasks"), sft_split_paths(params.data.out), strict=True))})
-    state = stage.resume(p.resume, {"sft": p.model_dump(), "agent": params.agent.model_dump(),
+    state = stage.resume(p.resume, {"sft": p.model_dump(), "rollout": params.rollout.model_dump(),
                                     "multi_rule": params.mempo.multi_rule}, {"policy": p.policy, **sources}, opt, sched)
 
     pad_id = tok.pad_token_id
@@ -336,6 +336,6 @@ def _run_sft(params: Any) -> dict[str, Any]:
         "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
         **{f"data_{k}" if not k.startswith("data") else k: v for k, v in data_stats.items()},
     }
-    stage.finish({"kind": "sft", "base": str(p.policy), "steps": state.step, "context": params.agent.context},
+    stage.finish({"kind": "sft", "base": str(p.policy), "steps": state.step, "context": params.rollout.context},
                  metrics, state.history, [CurvePlot(["loss", "val_loss"], "sft_loss.png", "SFT loss")], "sft_final")
     return metrics

@@ -136,10 +136,10 @@ def render_episode(record: EpisodeRecord, context: str = "memory", system_prompt
 
 
 def sft_samples(params: Any, tokenizer: Any) -> tuple[list[SFTSample], list[SFTSample], dict[str, float]]:
-    """The SFT stage's (train, val) samples in `agent.context`, and data statistics: read from
+    """The SFT stage's (train, val) samples in `rollout.context`, and data statistics: read from
     `sft.trajectories`, or the teacher's episodes on `sft.world`, then written (records and
     rendered samples) to `sft.out/trajectories/` for the other format's SFT stage to reuse."""
-    p, context = params.sft, params.agent.context
+    p, context = params.sft, params.rollout.context
     t_data = time.perf_counter()
     data_stats: dict[str, float] = {}
     if p.trajectories:
@@ -171,9 +171,9 @@ def teacher_records(params: Any, tokenizer: Any, retriever: Any
     p = params.sft
     pool = name_word_pool(Path(p.world) / "corpus.jsonl") if p.rename_entities > 0 else None
     train_tasks, val_tasks = load_sft_split(params.data.out)
-    train_r, stats = teacher_episodes(train_tasks, retriever, tokenizer, params.agent, params.mempo.multi_rule,
+    train_r, stats = teacher_episodes(train_tasks, retriever, tokenizer, params.rollout, params.mempo.multi_rule,
                                       rename=p.rename_entities, seed=p.seed, name_pool=pool)
-    val_r, _ = teacher_episodes(val_tasks, retriever, tokenizer, params.agent, params.mempo.multi_rule)
+    val_r, _ = teacher_episodes(val_tasks, retriever, tokenizer, params.rollout, params.mempo.multi_rule)
     return train_r, val_r, stats
 
 

@@ -80,7 +80,7 @@ _VERL_RESUME_SAFE = frozenset({"total_epochs", "total_training_steps", "ray_addr
 
 def guard_verl_checkpoints(plan: VerlRunPlan, params: Any) -> Path | None:
     """verl resumes (`resume_mode: auto`) from whatever is in `plan.checkpoint_dir`: make
-    sure that is this run's. The fingerprint covers the `verl`, `mempo`, `agent` params,
+    sure that is this run's. The fingerprint covers the `verl`, `mempo`, `rollout` params,
     lambda_mem and the contents of the start policy, the data folder and the Hydra overlay;
     the retriever counts by its URL (the launcher may not reach the service). A mismatch
     moves verl's checkpoints aside (see `checkpoint.guard_run_dir`). Returns where, or None.
@@ -89,12 +89,11 @@ def guard_verl_checkpoints(plan: VerlRunPlan, params: Any) -> Path | None:
     from mempo.training.fingerprint import HASH_CACHE_FILE, run_fingerprint
 
     vp = params.verl
-    train = getattr(params, "train", None)
-    lambda_mem = vp.lambda_mem if vp.lambda_mem is not None else getattr(train, "lambda_mem", 1.0)
+    lambda_mem = vp.lambda_mem if vp.lambda_mem is not None else params.mempo.lambda_mem
     cmd = plan.command
     overlay = Path(cmd[cmd.index("--config-path") + 1]) / f"{cmd[cmd.index('--config-name') + 1]}.yaml"
     fingerprint = run_fingerprint(
-        {"verl": vp.model_dump(), "mempo": params.mempo.model_dump(), "agent": params.agent.model_dump(),
+        {"verl": vp.model_dump(), "mempo": params.mempo.model_dump(), "rollout": params.rollout.model_dump(),
          "lambda_mem": float(lambda_mem)},
         {"policy": vp.policy, "data": vp.data, "config": overlay, "retriever": vp.retriever},
         plan.out / "verl" / HASH_CACHE_FILE, probe_services=False, ignore=_VERL_RESUME_SAFE)

@@ -15,9 +15,9 @@ What it does, in order:
    and, on a running Ray cluster, a probe task on every node sees this run's output folder,
    has `MLFLOW_TRACKING_URI` and reaches the retriever. A refused launch costs no GPU time;
 3. runs `python -m verl.trainer.main_ppo --config-path configs/verl --config-name
-   mempo_trainer` with Hydra overrides from params.yaml (`verl:`, `mempo:`, `agent:`,
-   `train.lambda_mem`). The agent-loop workers load the tool config that ships beside the
-   Hydra config (the same path on every node of one image) and read the retriever URL from
+   mempo_trainer` with Hydra overrides from params.yaml (`verl:`, `mempo:`, `rollout:`; the
+   `mempo:` block as `mempo.config.hydra` spells it). The agent-loop workers load the tool
+   config that ships beside the Hydra config (the same path on every node of one image) and read the retriever URL from
    `MEMPO_RETRIEVER_URL`, which the Ray runtime env carries with `VERL_USE_EXTERNAL_MODULES=
    mempo.verl_plugin` (every worker imports the plug-in), `MLFLOW_RUN_ID` when a stage run
    is open, and SGLang's logits-processor chunking for the memory probe. The MLflow URI is
@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mempo.config.hydra import hydra_mempo_values
 from mempo.errors import ConfigError, DataError, MempoError
 from mempo.io import write_json
 from mempo.training.verl_checkpoints import (
@@ -77,16 +78,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "verl" / "mempo_trainer.yaml"
 REQUIRED_VERL = REPO_ROOT / "configs" / "verl" / "REQUIRED_VERL.txt"
 
-# params.yaml keys forwarded into the Hydra `mempo:` section (section, key).
 # Unquoted Hydra override values: these characters only, and nothing Hydra would read as
 # a number, bool or null.
 _PLAIN = re.compile(r"[A-Za-z0-9_./-]+")
 _LOOKS_TYPED = re.compile(r"[-+]?[0-9][0-9_.eE+-]*|true|false|null|nan|inf", re.IGNORECASE)
 
-_MEMPO_KEYS = ("eps", "form", "norm_by_std", "mem_adv_group", "adv_eps", "mem_adv_min_std", "multi_rule",
-               "format_rule", "format_penalty")
-# params.yaml `verl:` keys forwarded into the Hydra `mempo:` section (the plug-in reads them).
-_VERL_MEMPO_KEYS = ("probe_concurrency", "max_tool_failure_rate", "max_failed_session_rate", "min_health_samples")
 RETRIEVER_ENV = "MEMPO_RETRIEVER_URL"
 
 
@@ -170,7 +166,7 @@ def plan_verl_run(params: Any, config: str | Path | None = None, python: str | N
     """Build the training command from params (no side effects).
 
     Args:
-        params: `mempo.config.Params` (uses `verl`, `mempo`, `agent` and `train.lambda_mem`).
+        params: `mempo.config.Params` (uses `verl`, `mempo` and `rollout`).
         config: the Hydra overlay (default: params.verl.config).
         python: interpreter for the training process (default: this one).
         mlflow_run_id: an open MLflow run verl's tracker should log into (`MLFLOW_RUN_ID`).
@@ -184,9 +180,7 @@ def plan_verl_run(params: Any, config: str | Path | None = None, python: str | N
     # the copy that ships beside the Hydra config: the same path on every node of one image
     tool_config = cfg.parent.resolve() / "retrieval_tool.yaml"
     data = Path(vp.data).resolve()
-    mp, ap = params.mempo, params.agent
-    train = getattr(params, "train", None)
-    lambda_mem = vp.lambda_mem if vp.lambda_mem is not None else getattr(train, "lambda_mem", 1.0)
+    ap = params.rollout
     pairs: list[tuple[str, Any]] = [
         ("actor_rollout_ref.model.path", str(Path(vp.policy).resolve())),
         ("data.train_files", str(data / "train.parquet")),
@@ -200,17 +194,13 @@ def plan_verl_run(params: Any, config: str | Path | None = None, python: str | N
         ("actor_rollout_ref.rollout.n", vp.n_rollouts),
         ("data.train_batch_size", vp.train_batch_size),
         ("actor_rollout_ref.actor.optim.lr", vp.lr),
-        ("mempo.lambda_mem", float(lambda_mem)),
-        ("mempo.max_turns", ap.max_turns),
-        ("mempo.max_new_tokens", ap.max_new_tokens),
-        ("mempo.check_masks", ap.check_masks),
         ("actor_rollout_ref.rollout.temperature", ap.temperature),
         ("actor_rollout_ref.rollout.top_p", ap.top_p),
         # verl counts rows and every turn is a row (module docstring)
         ("actor_rollout_ref.actor.ppo_mini_batch_size", ppo_mini_batch_rows(vp)),
     ]
-    pairs += [(f"mempo.{k}", getattr(mp, k)) for k in _MEMPO_KEYS]
-    pairs += [(f"mempo.{k}", getattr(vp, k)) for k in _VERL_MEMPO_KEYS]
+    # the Hydra `mempo:` section, key by key as mempo.config.hydra generates it
+    pairs += [(f"mempo.{k}", v) for k, v in hydra_mempo_values(params).items()]
     if vp.total_training_steps:
         pairs.append(("trainer.total_training_steps", vp.total_training_steps))
     overrides = [f"{k}={hydra_value(v)}" for k, v in pairs]

@@ -40,7 +40,7 @@ from mempo.advantage import (
 @dataclass(frozen=True)
 class MempoAdvantageConfig:
     """MemPO's advantage settings (the Hydra `mempo:` section of configs/verl/mempo_trainer.yaml,
-    which the launcher fills from params.yaml `mempo:` and `train.lambda_mem`).
+    which the launcher fills from params.yaml `mempo:`).
 
     Attributes:
         lambda_mem: weight of A^M on `<mem>` tokens.

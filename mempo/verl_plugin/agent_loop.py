@@ -76,7 +76,8 @@ KEEP_STOP_STRING: dict[str, dict[str, bool]] = {
 
 @dataclass(frozen=True)
 class MemAgentSettings:
-    """The agent loop's part of the Hydra `mempo:` section.
+    """The agent loop's part of the Hydra `mempo:` section (a plain dataclass: the plug-in reads
+    a Hydra mapping; its defaults agree with the params models, tests/test_config_hydra.py).
 
     Attributes:
         max_turns: turns before the episode is cut (the last turn's output is still kept).
@@ -87,7 +88,7 @@ class MemAgentSettings:
         probe_concurrency: memory-probe requests in flight per worker process (all episodes).
     """
 
-    max_turns: int = 8
+    max_turns: int = 24
     max_new_tokens: int = 512
     lambda_mem: float = 1.0
     eps: str = "full_context"

@@ -157,9 +157,7 @@ class RetrievalTool(BaseTool):
             s = self.settings
             is_http = s.retriever.startswith(("http://", "https://"))
             retriever = open_retriever(s.retriever, **({"timeout_s": s.timeout_s} if is_http else {}))
-            self._env = ToolEnv(retriever, self._tokenizer, ToolConfig(
-                topk=s.topk, observation_max_tokens=s.observation_max_tokens,
-                access_chunk_chars=s.access_chunk_chars, short_text_chars=s.short_text_chars))
+            self._env = ToolEnv(retriever, self._tokenizer, ToolConfig.from_params(s))
         return self._env
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
