@@ -74,6 +74,16 @@ def _section(obj: Any) -> Any:
     return obj
 
 
+def train_rollout(params: Any) -> Any:
+    """The training episodes' settings: `params.train.rollout_params()` (pydantic), or the same
+    merge by hand on PyYAML sections: `rollout:` with the non-null `train.rollout` fields."""
+    tp = params.train
+    if hasattr(tp, "rollout_params"):
+        return tp.rollout_params()
+    overrides = {k: v for k, v in vars(getattr(tp, "rollout", None) or Section()).items() if v is not None}
+    return Section(**{**vars(params.rollout), **overrides})
+
+
 def load_smoke_params(path: Path) -> tuple[Any, str]:
     """params.yaml as sections: `mempo.config.load_params` when pydantic is there, else PyYAML."""
     if importlib.util.find_spec("pydantic") is not None:
@@ -314,7 +324,7 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
     for prm in ref.parameters():
         prm.requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=tp.lr)
-    setup = make_rollout_setup(retriever, tok, tp.rollout_params())
+    setup = make_rollout_setup(retriever, tok, train_rollout(params))
     generator = HFGenerator(model, tok, batch_size=tp.generation_batch_size)
     temperature = agent.temperature if agent.temperature > 0 else 1.0
     totals: dict[str, float] = defaultdict(float)

@@ -16,12 +16,14 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mempo.config.stages import PolicyParams
 from mempo.errors import DataError
 from mempo.io import atomic_dir, write_json
 from mempo.policy.bootstrap import POLICY_MANIFEST
+
+if TYPE_CHECKING:
+    from mempo.config.stages import PolicyParams
 
 log = logging.getLogger(__name__)
 
@@ -43,28 +45,27 @@ CHATML_TEMPLATE = (
 IM_START, IM_END, END_OF_TEXT, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|pad|>"
 
 
-_POLICY = PolicyParams()  # the defaults of the `policy:` section
-
-
 @dataclass(frozen=True)
 class TinyPolicySpec:
-    """Size of the tiny policy: the tiny-model keys of the `policy:` section, whose defaults
-    (`PolicyParams`) these are; `from_params` builds one from the section. The default
-    (2 x 128, 1.5k vocab, ~0.7M parameters) trains at about 10k tokens/s on 2 CPU threads;
-    4 x 256 was measured at 2.5k tokens/s."""
+    """Size of the tiny policy: the tiny-model keys of the `policy:` section. Its defaults are
+    `PolicyParams`' (tests/test_config_derived.py holds them equal), written out because the
+    bare GPU machine runs this module without pydantic (scripts/gpu_smoke.py);
+    `from_params` builds one from the section. The default (2 x 128, 1.5k vocab, ~0.7M
+    parameters) trains at about 10k tokens/s on 2 CPU threads; 4 x 256 was measured at 2.5k
+    tokens/s."""
 
-    vocab_size: int = _POLICY.vocab_size
-    hidden_size: int = _POLICY.hidden_size
-    intermediate_size: int = _POLICY.intermediate_size
-    num_layers: int = _POLICY.num_layers
-    num_heads: int = _POLICY.num_heads
-    num_kv_heads: int = _POLICY.num_kv_heads
-    max_positions: int = _POLICY.max_positions
-    seed: int = _POLICY.seed
-    max_token_chars: int = _POLICY.max_token_chars  # longest BPE token in characters (0 = no limit)
-    copy_steps: int = _POLICY.copy_steps  # copy warm-up optimiser steps after init (0 = none); see `copy_warmup`
-    copy_lr: float = _POLICY.copy_lr      # its constant AdamW LR
-    copy_batch: int = _POLICY.copy_batch  # sequences per step
+    vocab_size: int = 1536
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_positions: int = 2048
+    seed: int = 0
+    max_token_chars: int = 0  # longest BPE token in characters (0 = no limit)
+    copy_steps: int = 800     # copy warm-up optimiser steps after init (0 = none); see `copy_warmup`
+    copy_lr: float = 1e-3     # its constant AdamW LR
+    copy_batch: int = 32      # sequences per step
 
     @classmethod
     def from_params(cls, params: PolicyParams) -> TinyPolicySpec:

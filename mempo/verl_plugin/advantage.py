@@ -35,6 +35,8 @@ from mempo.advantage import (
     memory_advantage,
     memory_reward_from_scores,
 )
+from mempo.config.base import default_of
+from mempo.config.episodes import MempoParams
 
 
 @dataclass(frozen=True)
@@ -52,13 +54,13 @@ class MempoAdvantageConfig:
         mem_adv_min_std: floor of the std that divides A^M (see `mempo.advantage.memory_advantage`).
     """
 
-    lambda_mem: float = 1.0
-    eps: EpsMode = "full_context"
-    form: RewardForm = "logprob"
-    norm_by_std: bool = True
-    mem_adv_group: MemGroupMode = "per_turn"
-    adv_eps: float = 1e-6
-    mem_adv_min_std: float = 0.01
+    lambda_mem: float = default_of(MempoParams, "lambda_mem")
+    eps: EpsMode = default_of(MempoParams, "eps")
+    form: RewardForm = default_of(MempoParams, "form")
+    norm_by_std: bool = default_of(MempoParams, "norm_by_std")
+    mem_adv_group: MemGroupMode = default_of(MempoParams, "mem_adv_group")
+    adv_eps: float = default_of(MempoParams, "adv_eps")
+    mem_adv_min_std: float = default_of(MempoParams, "mem_adv_min_std")
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any] | None) -> MempoAdvantageConfig:

@@ -56,6 +56,8 @@ from mempo.agent.context import MemoryContext
 from mempo.agent.format import STOP_SEQUENCES, USER_QUESTION_TEMPLATE, render_prompt
 from mempo.agent.generation import cut_at_stop
 from mempo.agent.step import EpisodeSteps, full_context_messages
+from mempo.config.base import default_of
+from mempo.config.episodes import MempoParams, RolloutParams, VerlParams
 from mempo.verl_plugin import AGENT_LOOP_NAME
 from mempo.verl_plugin.memory_probe import (
     answer_probability_from_server,
@@ -88,12 +90,12 @@ class MemAgentSettings:
         probe_concurrency: memory-probe requests in flight per worker process (all episodes).
     """
 
-    max_turns: int = 24
-    max_new_tokens: int = 512
-    lambda_mem: float = 1.0
-    eps: str = "full_context"
-    check_masks: bool = True
-    probe_concurrency: int = 16
+    max_turns: int = default_of(RolloutParams, "max_turns")
+    max_new_tokens: int = default_of(RolloutParams, "max_new_tokens")
+    lambda_mem: float = default_of(MempoParams, "lambda_mem")
+    eps: str = default_of(MempoParams, "eps")
+    check_masks: bool = default_of(RolloutParams, "check_masks")
+    probe_concurrency: int = default_of(VerlParams, "probe_concurrency")
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any] | None) -> MemAgentSettings:

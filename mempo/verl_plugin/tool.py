@@ -35,6 +35,8 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from mempo.agent.format import format_observation
 from mempo.agent.tools import ArticleReader, ToolConfig, ToolEnv
+from mempo.config.base import default_of
+from mempo.config.episodes import RolloutParams, VerlParams
 
 log = logging.getLogger(__name__)
 
@@ -76,15 +78,15 @@ class RetrievalToolConfig:
         short_text_chars: characters kept per chunk once the access is no longer the last turn.
     """
 
-    retriever: str = "http://127.0.0.1:8013"
-    topk: int = 3
+    retriever: str = default_of(VerlParams, "retriever")
+    topk: int = default_of(RolloutParams, "topk")
     timeout_s: float = 10.0
     max_requests_per_s: float = 100.0
     burst: int = 32
     max_concurrency: int = 32
-    observation_max_tokens: int = 512
-    access_chunk_chars: int = 1000
-    short_text_chars: int = 100
+    observation_max_tokens: int = default_of(RolloutParams, "observation_max_tokens")
+    access_chunk_chars: int = default_of(RolloutParams, "access_chunk_chars")
+    short_text_chars: int = default_of(RolloutParams, "short_text_chars")
 
     @classmethod
     def from_mapping(cls, config: dict[str, Any]) -> RetrievalToolConfig:
