@@ -12,6 +12,10 @@ so uniqueness is checked over the whole file, not per chunk.
 
     for frame in corpus_frames("data/world/corpus.jsonl", bounds, chunk_rows=100_000, keys=k):
         ...   # one DataFrame per chunk
+
+One module (about 400 lines) on purpose: every contract's row builder shares the tolerant
+reader, the diagnostic-column rules and the key index, and they change together when a
+file format does; split by file kind, each part would re-import all three.
 """
 
 from __future__ import annotations
