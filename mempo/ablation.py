@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mempo.config.hydra import hydra_value
 from mempo.errors import ConfigError, MempoError
 
 # name -> the params it changes (dotted keys). `mempo` is the method as configured: the row
@@ -45,23 +46,6 @@ MLFLOW_EXPERIMENT = "mempo-ablations"
 SHOW_KEEP = r"^(Experiment|mempo\.lambda_mem|mempo\.eps|mempo\.form|em\..*|tokens\..*|train\.(reward|kl))$"
 
 
-def hydra_value(value: Any) -> str:
-    """`value` in the override grammar `dvc exp run -S` parses (Hydra's): strings quoted."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, Sequence):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    raise ConfigError(f"cannot pass a {type(value).__name__} to dvc exp run -S")
-
-
 def experiment_commands(
     names: Sequence[str], profile: Mapping[str, Any] | None = None, dvc: str = "dvc"
 ) -> list[list[str]]:
@@ -72,7 +56,7 @@ def experiment_commands(
     cmds = []
     for name in names:
         settings = {**(profile or {}), **EXPERIMENT_SETTINGS, **ABLATIONS[name]}
-        sets = [arg for k, v in settings.items() for arg in ("-S", f"{k}={hydra_value(v)}")]
+        sets = [arg for k, v in settings.items() for arg in ("-S", f"{k}={hydra_value(v, quote_strings=True)}")]
         cmds.append([dvc, "exp", "run", "--temp", "-n", name, *sets])
     return cmds
 

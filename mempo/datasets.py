@@ -32,11 +32,10 @@ def text_of(contents: str) -> str:
     return parts[1].strip() if len(parts) > 1 else ""
 
 
-@dataclass(frozen=True)
-class Passage:
-    """One retrieval unit: `contents` is "Title\\ntext" as in wiki-18."""
+class WikiContents:
+    """`title` and `text` of a `contents` field in wiki-18's "Title\\ntext" form (for
+    `Passage` and the retriever's `Hit`)."""
 
-    id: str
     contents: str
 
     @property
@@ -46,6 +45,14 @@ class Passage:
     @property
     def text(self) -> str:
         return text_of(self.contents)
+
+
+@dataclass(frozen=True)
+class Passage(WikiContents):
+    """One retrieval unit: `contents` is "Title\\ntext" as in wiki-18."""
+
+    id: str
+    contents: str
 
     def to_dict(self) -> dict[str, str]:
         return {"id": self.id, "contents": self.contents}

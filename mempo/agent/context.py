@@ -72,6 +72,10 @@ class MemoryContext(ContextBuilder):
 
     kind: ContextKind = "memory"
 
+    def memory_slot(self) -> str:
+        """What the prompt shows as the memory (after the first turn): the last `<mem>`."""
+        return self.turns[-1].parsed.mem or ""
+
     def messages(self) -> list[dict[str, str]]:
         if not self.turns:
             return build_messages(self.question, system_prompt=self.system_prompt)
@@ -79,7 +83,7 @@ class MemoryContext(ContextBuilder):
         action = last.parsed.action_text() if last.parsed.valid else NO_VALID_ACTION
         return build_messages(
             self.question,
-            memory=last.parsed.mem or "",
+            memory=self.memory_slot(),
             last_action=action,
             last_observation=last.observation or "",
             system_prompt=self.system_prompt,

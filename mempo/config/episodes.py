@@ -78,6 +78,10 @@ class _InheritsRollout(Section):
         """Set the `rollout:` section this stage's overrides apply to."""
         self._base = base
 
+    def rollout_params(self) -> RolloutParams:
+        """This stage's episode settings: `rollout:` with the section's `rollout` overrides."""
+        return resolve_rollout(self._base, getattr(self, "rollout", None))
+
 
 class MempoParams(Section):
     """MemPO's rewards and advantages (mempo.rewards, mempo.advantage), lambda_mem included."""
@@ -128,10 +132,6 @@ class EvalParams(_InheritsRollout):
     external_memory_snippets: int = Field(3, ge=1)
     mlflow_genai_samples: int = Field(20, ge=0)
     rollout: EvalRollout = Field(default_factory=EvalRollout)
-
-    def rollout_params(self) -> RolloutParams:
-        """The evaluation's episode settings: `rollout:` with this section's overrides."""
-        return resolve_rollout(self._base, self.rollout)
 
 
 class SFTParams(Section):
@@ -207,10 +207,6 @@ class TrainParams(_InheritsRollout):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     threads: int = Field(1, ge=0)
     rollout: TrainRollout = Field(default_factory=TrainRollout)
-
-    def rollout_params(self) -> RolloutParams:
-        """The training episodes' settings: `rollout:` with this section's overrides."""
-        return resolve_rollout(self._base, self.rollout)
 
 
 class VerlParams(Section):

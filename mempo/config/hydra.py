@@ -11,7 +11,9 @@ changing a default or a key here, regenerate it:
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +103,30 @@ def write_hydra_config(path: str | Path) -> Path:
 
 if __name__ == "__main__":
     print(write_hydra_config(sys.argv[1] if len(sys.argv) > 1 else "configs/verl/mempo_trainer.yaml"))
+
+
+# A string Hydra reads back as the same string when written bare (paths, names), unless it
+# looks like a number, a bool or null.
+_PLAIN = re.compile(r"[A-Za-z0-9_./-]+")
+_LOOKS_TYPED = re.compile(r"[-+]?[0-9][0-9_.eE+-]*|true|false|null|nan|inf", re.IGNORECASE)
+
+
+def hydra_value(value: Any, quote_strings: bool = False) -> str:
+    """`value` in Hydra's override grammar (verl's command line, `dvc exp run -S`): bools,
+    null and numbers bare; lists `[a,b]` and mappings `{k:v}` element by element; strings
+    quoted when they would not read back as the same string (always with `quote_strings`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{hydra_value(v, quote_strings)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(hydra_value(v, quote_strings) for v in value) + "]"
+    text = str(value)
+    if not quote_strings and _PLAIN.fullmatch(text) and not _LOOKS_TYPED.fullmatch(text):
+        return text
+    text = text.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{text}'"

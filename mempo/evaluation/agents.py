@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mempo.agent.context import NO_VALID_ACTION, ContextBuilder
+from mempo.agent.context import MemoryContext
 from mempo.agent.format import INFO_CLOSE, INFO_OPEN, SYSTEM_PROMPT, ParsedTurn, build_messages
 from mempo.evaluation.vector_store import EpisodeVectorStore, TextEncoder
 
@@ -56,7 +56,7 @@ def observation_titles(observation: str | None) -> list[str]:
     return [t.strip() for t in _TITLE.findall(observation or "")]
 
 
-class ExternalMemoryContext(ContextBuilder):
+class ExternalMemoryContext(MemoryContext):
     """Prompts of the external-memory baseline (see the module docstring).
 
     Args:
@@ -65,7 +65,7 @@ class ExternalMemoryContext(ContextBuilder):
         n_snippets: earlier snippets recalled into each prompt.
     """
 
-    kind = "memory"  # the same flat layout as MemoryContext; only the memory slot differs
+    # The same flat layout as MemoryContext; only the memory slot differs: recalled snippets.
 
     def __init__(
         self, question: str, encoder: TextEncoder, n_snippets: int = 3, system_prompt: str = SYSTEM_PROMPT
@@ -92,18 +92,8 @@ class ExternalMemoryContext(ContextBuilder):
         query = (last.parsed.argument if last.parsed.valid and last.parsed.argument else None) or self.question
         return self.store.top(query, self.n_snippets, exclude=observation_snippets(last.observation))
 
-    def messages(self) -> list[dict[str, str]]:
-        if not self.turns:
-            return build_messages(self.question, system_prompt=self.system_prompt)
-        last = self.turns[-1]
-        action = last.parsed.action_text() if last.parsed.valid else NO_VALID_ACTION
-        return build_messages(
-            self.question,
-            memory="\n".join(self.recalled()),
-            last_action=action,
-            last_observation=last.observation or "",
-            system_prompt=self.system_prompt,
-        )
+    def memory_slot(self) -> str:
+        return "\n".join(self.recalled())
 
 
 def single_turn_messages(question: str, passages_observation: str | None) -> list[dict[str, str]]:

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mempo.datasets import Passage, text_of, title_of
+from mempo.datasets import Passage, WikiContents
 
 
 @dataclass(frozen=True)
-class Hit:
+class Hit(WikiContents):
     """One search result: a passage (`contents` = "Title\\ntext") and its score.
 
     Scores are method-specific: inner product of normalised embeddings (cosine, in [-1, 1])
@@ -32,14 +32,6 @@ class Hit:
     id: str
     contents: str
     score: float
-
-    @property
-    def title(self) -> str:
-        return title_of(self.contents)
-
-    @property
-    def text(self) -> str:
-        return text_of(self.contents)
 
     def passage(self) -> Passage:
         return Passage(self.id, self.contents)

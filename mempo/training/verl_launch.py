@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -61,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mempo.config.hydra import hydra_mempo_values
+from mempo.config.hydra import hydra_mempo_values, hydra_value
 from mempo.errors import ConfigError, DataError, MempoError
 from mempo.io import write_json
 from mempo.training.verl_checkpoints import (
@@ -77,11 +76,6 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "verl" / "mempo_trainer.yaml"
 REQUIRED_VERL = REPO_ROOT / "configs" / "verl" / "REQUIRED_VERL.txt"
-
-# Unquoted Hydra override values: these characters only, and nothing Hydra would read as
-# a number, bool or null.
-_PLAIN = re.compile(r"[A-Za-z0-9_./-]+")
-_LOOKS_TYPED = re.compile(r"[-+]?[0-9][0-9_.eE+-]*|true|false|null|nan|inf", re.IGNORECASE)
 
 RETRIEVER_ENV = "MEMPO_RETRIEVER_URL"
 
@@ -116,23 +110,6 @@ class VerlRunPlan:
         """The command as one copy-pasteable shell line (env vars first, no secrets)."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         return f"{env} {shlex.join(self.command)}".strip()
-
-
-def hydra_value(value: Any) -> str:
-    """Render a Python value for a Hydra command-line override (strings quoted when needed)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    text = str(value)
-    if _PLAIN.fullmatch(text) and not _LOOKS_TYPED.fullmatch(text):
-        return text  # paths and names stay readable; Hydra parses them as strings
-    text = text.replace("\\", "\\\\").replace("'", "\\'")
-    return f"'{text}'"
 
 
 def required_verl_version(path: Path = REQUIRED_VERL) -> str:
