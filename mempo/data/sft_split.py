@@ -85,13 +85,14 @@ def write_sft_split(sft: Any, folder: str | Path, ability: str = "fact-reasoning
     (tests and benchmarks that need only the teacher's tasks). Returns rows per file stem."""
     from mempo.data.schema import write_prepared
 
-    return {stem: write_prepared(rows, Path(folder) / f"{stem}.parquet")
-            for stem, rows in sft_split_rows(sft, ability).items()}
+    paths = dict(zip(SFT_FILES, sft_split_paths(folder), strict=True))
+    return {stem: write_prepared(rows, paths[stem]) for stem, rows in sft_split_rows(sft, ability).items()}
 
 
 def sft_split_paths(folder: str | Path) -> tuple[Path, Path]:
     """(train, val) file paths of the SFT split in the data stage's output folder."""
-    return Path(folder) / "sft.parquet", Path(folder) / "sft_val.parquet"
+    train, val = (Path(folder) / f"{stem}.parquet" for stem in SFT_FILES)
+    return train, val
 
 
 def load_sft_split(folder: str | Path) -> tuple[list[Task], list[Task]]:
