@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/learning.py --quick     # 2 seeds, small budgets (<= 15 min on 2 cores)
     .venv/bin/python benchmarks/learning.py             # the protocol: 5 seeds (<= 2 h on 2 cores)
     .venv/bin/python benchmarks/learning.py --seeds 0 1 2 3 4 5 6 --rl-steps 120
+    .venv/bin/python benchmarks/learning.py --from-pipeline .   # RL from `make run`'s SFT checkpoints
 
 Variants (every one trained from this repository's params.yaml, only the keys below changed):
 
@@ -85,6 +86,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--jobs", type=int, default=2, help="parallel single-threaded processes")
     ap.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the intervals")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--from-pipeline", default=None, metavar="ROOT",
+                    help="start from a finished `make run` in ROOT (its world, RL data, policy and both SFT "
+                         "checkpoints, trained from the same params.yaml) instead of building and training them "
+                         "here; the SFT policies are then only evaluated")
     ap.add_argument("--workdir", default=str(REPO / "outputs" / "bench-learning"))
     ap.add_argument("--out", default=str(RESULTS / "learning.json"))
     a = ap.parse_args(argv)
@@ -99,7 +104,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     a.eval_k2 = a.eval_k2 or (30 if q else 200)
     a.eval_k4 = a.eval_k4 or (15 if q else 100)
     a.untrained_n = a.untrained_n or (10 if q else 50)
-    a.workdir = Path(a.workdir) / ("quick" if q else "full")
+    a.workdir = Path(a.workdir) / ("pipeline" if a.from_pipeline else "quick" if q else "full")
     return a
 
 
@@ -112,9 +117,25 @@ def _params(overrides: dict[str, Any]) -> Any:
     return load_params(PARAMS, overrides)
 
 
+def pipeline_inputs(root: Path) -> dict[str, Path]:
+    """The inputs of a finished `make run` in `root`, at the paths params.yaml gives them."""
+    p = _params({})
+    world = root / p.sft.world
+    inputs = {"world": world, "corpus": world / "corpus.jsonl", "data": root / p.data.out,
+              "policy": root / p.policy.out, "sft-memory": root / p.sft.out / "model",
+              "sft-full": root / "outputs" / "sft_full" / "model"}  # dvc.yaml's sft_full stage
+    missing = [f"{k}: {v}" for k, v in inputs.items() if not v.exists()]
+    if missing:
+        raise SystemExit(f"--from-pipeline {root}: missing (run `make run` there first): " + "; ".join(missing))
+    return inputs
+
+
 def prepare_inputs(a: argparse.Namespace) -> dict[str, Path]:
     """World, RL data (the data stage's mixture), bootstrapped policy and the teacher's SFT
-    episodes, each built once into the workdir (kept across runs)."""
+    episodes, each built once into the workdir (kept across runs); or a finished pipeline's
+    (`--from-pipeline`)."""
+    if a.from_pipeline:
+        return pipeline_inputs(Path(a.from_pipeline).resolve())
     from mempo.data.prepare import prepare_data
     from mempo.policy.bootstrap import bootstrap_policy
     from mempo.world import generate_world
@@ -209,12 +230,20 @@ def _nan(x: Any) -> bool:
 
 
 def job_sft(context: str, a: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
-    """SFT of one format from the shared teacher episodes; then evaluated."""
+    """SFT of one format from the shared teacher episodes (or the pipeline's); then evaluated."""
     _quiet()
     from mempo.training.sft import run_sft
 
-    out = Path(a.workdir) / f"sft-{context}"
     t0 = time.perf_counter()
+    if f"sft-{context}" in inputs:  # --from-pipeline: trained by the pipeline's sft stage
+        model = inputs[f"sft-{context}"]
+        m = json.loads((model.parent / "metrics.json").read_text())
+        ev = evaluate_model(model, AGENT_OF_FORMAT[context], test_tasks(inputs["world"], a), inputs["corpus"],
+                            a.device)
+        return {"train_seconds": None, "sft": {k: m.get(k) for k in ("steps", "train_samples", "final_val_loss",
+                                                                      "tokens_per_s")},
+                "from": str(model), "eval": ev, "eval_seconds": time.perf_counter() - t0}
+    out = Path(a.workdir) / f"sft-{context}"
     m = run_sft(_params({
         "rollout.context": context, "sft.policy": str(inputs["policy"]), "sft.out": str(out),
         "sft.trajectories": str(inputs["teacher"] / "train_episodes.jsonl"),
@@ -240,7 +269,8 @@ def job_rl(variant: str, seed: int, a: argparse.Namespace, inputs: dict[str, Pat
     out = Path(a.workdir) / f"rl-{variant}-seed{seed}"
     t0 = time.perf_counter()
     m = run_grpo(_params({
-        **over, "train.policy": str(Path(a.workdir) / f"sft-{fmt}" / "model"), "train.out": str(out),
+        **over, "train.policy": str(inputs.get(f"sft-{fmt}", Path(a.workdir) / f"sft-{fmt}" / "model")),
+        "train.out": str(out),
         "train.data": str(inputs["data"]), "train.retriever": str(inputs["corpus"]), "train.seed": seed,
         "train.steps": a.rl_steps, "train.batch_questions": a.batch_questions, "train.n_rollouts": a.n_rollouts,
         "train.resume": "auto", "train.checkpoint_every": 10, "train.device": a.device}), tracking=False)
@@ -348,7 +378,8 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
         "config": {"seeds": {v: seeds_of(a, v) for v in a.variants}, "sft_steps": a.sft_steps, "rl_steps": a.rl_steps,
                    "batch_questions": a.batch_questions, "n_rollouts": a.n_rollouts,
                    "eval_tasks": {b: table["sft"][b]["n"] for b in BENCHES}, "untrained_tasks": a.untrained_n,
-                   "sft": "one checkpoint per format (seed 0), shared by the RL seeds",
+                   "sft": "one checkpoint per format (seed 0), shared by the RL seeds"
+                          + (f"; the pipeline's ({a.from_pipeline})" if a.from_pipeline else ""),
                    "policy": "tiny (2 x 128 Qwen2, BPE 1.5k)", "device": a.device},
         "results": table,
         "paired": paired,
@@ -433,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         def submit(job: tuple[Any, ...]) -> Future[tuple[str, Any]]:
             return pool.submit(_run_job, job[0], job[1], a, inputs, *job[2:])
 
+        if a.from_pipeline:  # the SFT checkpoints exist: RL starts at once, the slow full-history jobs first
+            first = rl_jobs.pop("full") + first + rl_jobs.pop("memory")
         pending = {submit(j) for j in first}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -440,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
                 key, res = f.result()
                 results[key] = res
                 if key.startswith("sft-"):
-                    pending |= {submit(j) for j in rl_jobs[key.removeprefix("sft-")]}
+                    pending |= {submit(j) for j in rl_jobs.get(key.removeprefix("sft-"), [])}
                 agg = {b: res["eval"][b]["aggregate"] for b in BENCHES}
                 print(f"[{time.perf_counter() - t_all:6.0f}s] {key}: single EM {agg['single'].get('em', 0):.3f}, "
                       f"k2 obj EM {agg['k2'].get('objective_em', 0):.3f}, k4 obj EM "

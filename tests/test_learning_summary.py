@@ -98,3 +98,19 @@ def test_the_study_evaluates_with_the_eval_stages_own_code(learning, tiny_world:
     assert ev["k2"]["aggregate"]["turns"] > 1  # episodes of more than one turn, up to the cap of 4
     assert {"objective_em", "all_correct", "forgetting_rate"} <= set(ev["k2"]["aggregate"])
     assert all(d["objective_em"] is None for d in ev["single"]["per_task"].values())
+
+
+def test_from_pipeline_reads_a_finished_run_and_names_what_is_missing(learning, tmp_path: Path) -> None:
+    """`--from-pipeline ROOT` takes the world, RL data, policy and both SFT checkpoints from a
+    finished `make run` at params.yaml's paths; a missing one stops the study with its path."""
+    a = learning._args(["--from-pipeline", str(tmp_path), "--workdir", str(tmp_path / "bench")])
+    assert a.workdir == tmp_path / "bench" / "pipeline"  # its cache is not the self-trained study's
+    with pytest.raises(SystemExit, match=r"sft-full: .*outputs/sft_full/model"):
+        learning.pipeline_inputs(tmp_path)
+    p = learning._params({})
+    for rel in (p.sft.world, p.data.out, p.policy.out, f"{p.sft.out}/model", "outputs/sft_full/model"):
+        (tmp_path / rel).mkdir(parents=True, exist_ok=True)
+    (tmp_path / p.sft.world / "corpus.jsonl").write_text("")
+    inputs = learning.pipeline_inputs(tmp_path)
+    assert inputs["sft-memory"] == tmp_path / p.sft.out / "model"
+    assert inputs["data"] == tmp_path / p.data.out and inputs["corpus"].name == "corpus.jsonl"
