@@ -337,7 +337,8 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
 
     paired: dict[str, dict[str, Any]] = {}
     for name, (x, y) in {"mempo_minus_grpo": ("mempo", "grpo"), "mempo_minus_full": ("mempo", "full"),
-                         "mempo_prev_minus_grpo": ("mempo_prev", "grpo")}.items():
+                         "mempo_prev_minus_grpo": ("mempo_prev", "grpo"),
+                         "mempo_minus_mempo_prev": ("mempo", "mempo_prev")}.items():
         if x not in variants or y not in variants:
             continue
         # pairs on the seeds both variants ran (seed s of each saw the same task order)
