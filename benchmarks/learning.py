@@ -158,7 +158,8 @@ def prepare_inputs(a: argparse.Namespace) -> dict[str, Path]:
                                   "policy.questions": [str(world / "qa" / "train.jsonl")]}).policy)
     if not (teach / "train_episodes.jsonl").exists():
         _teacher_episodes(world, data, corpus, policy, teach)
-    return {"world": world, "corpus": corpus, "data": data, "policy": policy, "teacher": teach}
+    return {"world": world, "corpus": corpus, "data": data, "policy": policy, "teacher": teach,
+            **{f"sft-{fmt}": w / f"sft-{fmt}" / "model" for fmt in AGENT_OF_FORMAT}}  # trained by job_sft
 
 
 def _teacher_episodes(world: Path, data: Path, corpus: Path, policy: Path, out: Path) -> None:
@@ -230,32 +231,28 @@ def _nan(x: Any) -> bool:
 
 
 def job_sft(context: str, a: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
-    """SFT of one format from the shared teacher episodes (or the pipeline's); then evaluated."""
+    """SFT of one format from the shared teacher episodes (with `--from-pipeline`: the
+    pipeline's checkpoint, not retrained); then evaluated."""
     _quiet()
     from mempo.training.sft import run_sft
 
+    model = inputs[f"sft-{context}"]
     t0 = time.perf_counter()
-    if f"sft-{context}" in inputs:  # --from-pipeline: trained by the pipeline's sft stage
-        model = inputs[f"sft-{context}"]
-        m = json.loads((model.parent / "metrics.json").read_text())
-        ev = evaluate_model(model, AGENT_OF_FORMAT[context], test_tasks(inputs["world"], a), inputs["corpus"],
-                            a.device)
-        return {"train_seconds": None, "sft": {k: m.get(k) for k in ("steps", "train_samples", "final_val_loss",
-                                                                      "tokens_per_s")},
-                "from": str(model), "eval": ev, "eval_seconds": time.perf_counter() - t0}
-    out = Path(a.workdir) / f"sft-{context}"
-    m = run_sft(_params({
-        "rollout.context": context, "sft.policy": str(inputs["policy"]), "sft.out": str(out),
-        "sft.trajectories": str(inputs["teacher"] / "train_episodes.jsonl"),
-        "sft.val_trajectories": str(inputs["teacher"] / "val_episodes.jsonl"),
-        "sft.max_steps": a.sft_steps, "sft.resume": "auto", "sft.device": a.device,
-        "sft.max_tokens": 4096 if context == "full" else _params({}).sft.max_tokens}), tracking=False)
-    train_s = time.perf_counter() - t0
-    ev = evaluate_model(out / "model", AGENT_OF_FORMAT[context], test_tasks(inputs["world"], a), inputs["corpus"],
-                        a.device)
+    if a.from_pipeline:
+        m, train_s = json.loads((model.parent / "metrics.json").read_text()), None
+    else:
+        m = run_sft(_params({
+            "rollout.context": context, "sft.policy": str(inputs["policy"]), "sft.out": str(model.parent),
+            "sft.trajectories": str(inputs["teacher"] / "train_episodes.jsonl"),
+            "sft.val_trajectories": str(inputs["teacher"] / "val_episodes.jsonl"),
+            "sft.max_steps": a.sft_steps, "sft.resume": "auto", "sft.device": a.device,
+            "sft.max_tokens": 4096 if context == "full" else _params({}).sft.max_tokens}), tracking=False)
+        train_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    ev = evaluate_model(model, AGENT_OF_FORMAT[context], test_tasks(inputs["world"], a), inputs["corpus"], a.device)
     return {"train_seconds": train_s, "sft": {k: m[k] for k in ("steps", "train_samples", "final_val_loss",
-                                                              "tokens_per_s")},
-            "eval": ev, "eval_seconds": time.perf_counter() - t0 - train_s}
+                                                                  "tokens_per_s")},
+            "from": str(model), "eval": ev, "eval_seconds": time.perf_counter() - t1}
 
 
 def job_rl(variant: str, seed: int, a: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
@@ -269,8 +266,7 @@ def job_rl(variant: str, seed: int, a: argparse.Namespace, inputs: dict[str, Pat
     out = Path(a.workdir) / f"rl-{variant}-seed{seed}"
     t0 = time.perf_counter()
     m = run_grpo(_params({
-        **over, "train.policy": str(inputs.get(f"sft-{fmt}", Path(a.workdir) / f"sft-{fmt}" / "model")),
-        "train.out": str(out),
+        **over, "train.policy": str(inputs[f"sft-{fmt}"]), "train.out": str(out),
         "train.data": str(inputs["data"]), "train.retriever": str(inputs["corpus"]), "train.seed": seed,
         "train.steps": a.rl_steps, "train.batch_questions": a.batch_questions, "train.n_rollouts": a.n_rollouts,
         "train.resume": "auto", "train.checkpoint_every": 10, "train.device": a.device}), tracking=False)
