@@ -379,8 +379,8 @@ def summarize(root: str | Path = ".", result: PipelineResult | None = None) -> l
 
 
 def _stage_time_lines(root: Path, parent_run_id: str, total_s: float) -> list[str]:
-    """Each stage run's wall time (its `stage_wall_s` metric), then the rest of `total_s`:
-    stages without an MLflow run (world, validation, index, policy) and DVC itself."""
+    """Each stage run's wall time (its `stage_wall_s` metric, named by its DVC stage), then the
+    rest of `total_s`: stages without an MLflow run (world, validation, index, policy) and DVC."""
     from mempo.tracking import stage_wall_times
 
     try:

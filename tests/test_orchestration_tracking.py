@@ -38,6 +38,7 @@ def test_stage_runs_nest_under_pipeline_run_and_carry_lineage(
         with tracking.stage_run("train", params={"lambda_mem": 1.0}, data={"train": data}) as run:
             logged = tracking.log_metrics({"loss": 0.5, "eval": {"em": 1}, "note": "text"}, step=3)
             tracking.log_json({"em": 1.0}, "metrics.json")
+        monkeypatch.setenv("DVC_STAGE", "eval")  # as DVC sets it for each stage's process
         with pytest.raises(RuntimeError), tracking.stage_run("eval"):
             raise RuntimeError("stage crashed")
         failed_id = mlflow.last_active_run().info.run_id
@@ -105,6 +106,23 @@ def test_stage_wall_time_is_a_metric_and_in_the_pipeline_summary(mlflow_uri: str
     assert lines[0] == "Stage times (wall):"
     assert lines[1].split() == ["sft", f"{times['sft']:.1f}", "s"]
     assert lines[-1].split()[:2] == ["other", f"{10.0 - sum(times.values()):.1f}"]
+
+
+def test_stage_wall_times_name_runs_by_dvc_stage_and_keep_repeated_names(
+    mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # sft_full and train_full run the sft / train code: their runs are named like the plain
+    # stages, and keyed by run name one time would replace the other.
+    with tracking.pipeline_run("pipe") as parent_id:
+        for stage in ("sft", "sft_full"):
+            monkeypatch.setenv("DVC_STAGE", stage)
+            with tracking.stage_run("sft"):
+                pass
+        monkeypatch.delenv("DVC_STAGE")
+        for _ in range(2):  # outside DVC: no dvc.stage tag, the run name twice
+            with tracking.stage_run("eval"):
+                pass
+    assert list(tracking.stage_wall_times(parent_id)) == ["sft", "sft_full", "eval", "eval#2"]
 
 
 def test_dir_hash_changes_with_content(tmp_path: Path) -> None:

@@ -163,8 +163,10 @@ def _log_wall_time(client: Any, run_id: str, t0: float) -> None:
 
 
 def stage_wall_times(parent_run_id: str, root: str | Path | None = None) -> dict[str, float]:
-    """`{stage run name: wall seconds}` of the stage runs nested under `parent_run_id`, in
-    start order (runs without the `stage_wall_s` metric are left out)."""
+    """`{stage: wall seconds}` of the stage runs nested under `parent_run_id`, in start order
+    (runs without the `stage_wall_s` metric are left out). A run is named by its DVC stage
+    (the `dvc.stage` tag: `sft_full` runs the `sft` code), else by its run name; a name seen
+    before gets `#2`, `#3`, so no run's time is lost."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri(root))
@@ -173,8 +175,17 @@ def stage_wall_times(parent_run_id: str, root: str | Path | None = None) -> dict
         [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
         order_by=["attributes.start_time ASC"], max_results=1000,
     )
-    return {r.info.run_name: r.data.metrics[STAGE_WALL_METRIC] for r in children
-            if STAGE_WALL_METRIC in r.data.metrics}
+    times: dict[str, float] = {}
+    for r in children:
+        if STAGE_WALL_METRIC not in r.data.metrics:
+            continue
+        name = r.data.tags.get("dvc.stage") or r.info.run_name
+        key, n = name, 1
+        while key in times:
+            n += 1
+            key = f"{name}#{n}"
+        times[key] = r.data.metrics[STAGE_WALL_METRIC]
+    return times
 
 
 def active_run_id() -> str | None:
