@@ -290,6 +290,7 @@ def _run_sft(params: Any) -> dict[str, Any]:
     pad_id = tok.pad_token_id
     t_start = time.perf_counter()
     tokens_seen = 0
+    last_val = next((r["val_loss"] for r in reversed(state.history) if "val_loss" in r), float("nan"))
     epoch_batches: dict[int, list[list[int]]] = {}
     bar = tqdm(total=total_steps, initial=state.step, desc="sft", unit="step", mininterval=2.0)
     while state.step < total_steps:
@@ -318,7 +319,8 @@ def _run_sft(params: Any) -> dict[str, Any]:
         state.history.append(row)
         log_metrics({k: v for k, v in row.items() if k != "step"}, step=state.step, prefix="sft")
         bar.update(1)
-        bar.set_postfix(loss=f"{row['loss']:.3f}", val=f"{row.get('val_loss', float('nan')):.3f}")
+        last_val = row.get("val_loss", last_val)  # the bar shows the newest validation loss
+        bar.set_postfix(loss=f"{row['loss']:.3f}", val=f"{last_val:.3f}")
         if state.step % p.checkpoint_every == 0 and state.step < total_steps:
             state.data_position = {"epoch": epoch, "batch": pos + 1}
             stage.checkpoint(opt, sched, state, p.keep_checkpoints)
