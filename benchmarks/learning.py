@@ -124,6 +124,8 @@ def pipeline_inputs(root: Path) -> dict[str, Path]:
     inputs = {"world": world, "corpus": world / "corpus.jsonl", "data": root / p.data.out,
               "policy": root / p.policy.out, "sft-memory": root / p.sft.out / "model",
               "sft-full": root / "outputs" / "sft_full" / "model"}  # dvc.yaml's sft_full stage
+    # the SFT stages' metrics, read by the SFT jobs at the end: checked here, not an hour in
+    inputs |= {f"{k}-metrics": inputs[k].parent / "metrics.json" for k in ("sft-memory", "sft-full")}
     missing = [f"{k}: {v}" for k, v in inputs.items() if not v.exists()]
     if missing:
         raise SystemExit(f"--from-pipeline {root}: missing (run `make run` there first): " + "; ".join(missing))
@@ -239,7 +241,7 @@ def job_sft(context: str, a: argparse.Namespace, inputs: dict[str, Path]) -> dic
     model = inputs[f"sft-{context}"]
     t0 = time.perf_counter()
     if a.from_pipeline:
-        m, train_s = json.loads((model.parent / "metrics.json").read_text()), None
+        m, train_s = json.loads(inputs[f"sft-{context}-metrics"].read_text()), None
     else:
         m = run_sft(_params({
             "rollout.context": context, "sft.policy": str(inputs["policy"]), "sft.out": str(model.parent),

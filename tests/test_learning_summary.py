@@ -111,6 +111,11 @@ def test_from_pipeline_reads_a_finished_run_and_names_what_is_missing(learning, 
     for rel in (p.sft.world, p.data.out, p.policy.out, f"{p.sft.out}/model", "outputs/sft_full/model"):
         (tmp_path / rel).mkdir(parents=True, exist_ok=True)
     (tmp_path / p.sft.world / "corpus.jsonl").write_text("")
+    (tmp_path / p.sft.out / "metrics.json").write_text("{}")
+    # the SFT metrics are read only when the SFT jobs finish: a missing file is named up front
+    with pytest.raises(SystemExit, match=r"sft-full-metrics: .*outputs/sft_full/metrics.json"):
+        learning.pipeline_inputs(tmp_path)
+    (tmp_path / "outputs/sft_full/metrics.json").write_text("{}")
     inputs = learning.pipeline_inputs(tmp_path)
     assert inputs["sft-memory"] == tmp_path / p.sft.out / "model"
     assert inputs["data"] == tmp_path / p.data.out and inputs["corpus"].name == "corpus.jsonl"
