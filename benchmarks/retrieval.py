@@ -16,7 +16,7 @@ FAISS Flat index file that every server below loads.
     `per_request`   the same with `--no-batching` (one search per request);
     `batched_<b>`   micro-batching with `--encoder-backend b` (`--backends`, e.g. onnx-int8);
     `search_r1`     Search-R1's own retrieval_server.py, when `--baseline-cmd` starts it
-                    (the command is not part of this repository; see the results' notes).
+                    (Search-R1 is not part of this repository: benchmarks/search_r1_cpu.py starts it).
   Ratios: every server's requests/s over the baseline's (search_r1 when run, else
   per_request) at each client count. Targets: at 1 client >= 1.0 (no slower), at 32
   clients >= 4 with p99 <= 200 ms; an encoder backend >= 6 at 32 clients with recall@3
@@ -33,6 +33,7 @@ FAISS Flat index file that every server below loads.
     .venv/bin/python benchmarks/retrieval.py --quick     # ~1.5k passages, fewer requests
     .venv/bin/python benchmarks/retrieval.py --work /tmp/rb --backends onnx-int8 \
         --baseline-cmd "$SEARCH_R1_CMD"                   # {port} {index_file} {corpus} {model}
+    # SEARCH_R1_CMD: see benchmarks/search_r1_cpu.py (Search-R1's server, unchanged, on a CPU)
     .venv/bin/python benchmarks/retrieval.py --skip ann,world   # serving and encoders only
 
 Writes benchmarks/results/retrieval.json and prints a table of ratios.
@@ -110,8 +111,10 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}")
             try:
-                r = httpx.post(f"{self.url}/retrieve", json={"queries": ["warm up"], "topk": 3},
-                               timeout=30)
+                # return_scores: Search-R1's server answers 500 without it (its endpoint
+                # unpacks (results, scores) from a call that then returns results only)
+                r = httpx.post(f"{self.url}/retrieve", json={"queries": ["warm up"], "topk": 3,
+                                                             "return_scores": True}, timeout=30)
                 if r.status_code == 200:
                     return self
             except httpx.TransportError:
