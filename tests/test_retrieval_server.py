@@ -25,7 +25,7 @@ from mempo.retrieval import InProcessRetriever, open_retriever
 from mempo.retrieval.contract import ServiceLimits
 from mempo.retrieval.http import HttpRetriever, RetrievalServiceError
 from mempo.retrieval.server import create_app
-from mempo.retrieval.serving import BackgroundServer
+from mempo.retrieval.serving import BackgroundServer, open_in_search_thread
 
 LIMITS = dict(max_queries_per_request=8, max_query_chars=100, max_topk=10, max_body_bytes=4000,
               max_access_items=4, batch_window_ms=20.0)
@@ -327,6 +327,50 @@ def test_no_batching_serves_each_request_alone(world_retriever) -> None:
         assert (ok, errors) == (64, 0)
         assert _metric(srv.url, "mempo_retriever_batch_queries_count") == 64
         assert httpx.get(f"{srv.url}/health").json()["batching"] is False
+
+
+class _ThreadRecordingRetriever(InProcessRetriever):
+    """The real retriever; records the thread it was opened on and each search's thread."""
+
+    def __init__(self, inner: InProcessRetriever) -> None:
+        super().__init__(inner.store, inner.searcher, inner.manifest)
+        self.opened_on = threading.get_ident()
+        self.searched_on: list[int] = []
+
+    def search(self, queries, topk=3):
+        self.searched_on.append(threading.get_ident())
+        return super().search(queries, topk)
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_searches_run_on_the_thread_that_opened_the_index(world_retriever, batching) -> None:
+    # torch and FAISS share one OpenMP runtime: an encoder opened on one thread and run on
+    # another leaves two OpenMP teams (on 2 cores a MiniLM query took 2x as long), so
+    # `mempo serve retriever` opens the index on its search thread
+    threads, retriever = open_in_search_thread(lambda: _ThreadRecordingRetriever(world_retriever), 1)
+    assert retriever.opened_on != threading.get_ident()
+    app = create_app(retriever, ServiceLimits(batching=batching, request_timeout_s=300),
+                     executor=threads)
+    with BackgroundServer(app) as srv:
+        ok, errors, _ = asyncio.run(_load(srv.url, 32, 4))
+    assert (ok, errors) == (32, 0)
+    assert retriever.searched_on and set(retriever.searched_on) == {retriever.opened_on}
+
+
+def test_a_failure_to_open_the_index_is_raised_and_frees_the_thread() -> None:
+    def broken():
+        raise FileNotFoundError("outputs/index/manifest.json")
+
+    def search_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("mempo-search")}
+
+    before = search_threads()
+    with pytest.raises(FileNotFoundError, match="manifest.json"):
+        open_in_search_thread(broken, 1)
+    new = search_threads() - before
+    for t in new:
+        t.join(10)
+    assert not [t for t in new if t.is_alive()]
 
 
 class _SlowRetriever(InProcessRetriever):

@@ -52,6 +52,11 @@ class _Job:
     deadline: float  # loop.time()
 
 
+def search_threads(workers: int) -> ThreadPoolExecutor:
+    """The pool whose threads run the searches (`workers` of them, started on first use)."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mempo-search")
+
+
 class MicroBatcher:
     """A bounded queue of search requests served by `workers` threads, batch by batch.
 
@@ -68,7 +73,8 @@ class MicroBatcher:
                  max_queries: int, max_queue_queries: int, workers: int = 1,
                  batching: bool = True, window_s: float = 0.0,
                  on_batch: Callable[[int], None] | None = None,
-                 on_drop: Callable[[str], None] | None = None) -> None:
+                 on_drop: Callable[[str], None] | None = None,
+                 executor: ThreadPoolExecutor | None = None) -> None:
         self.search_fn = search_fn
         self.max_queries = max_queries
         self.max_queue_queries = max_queue_queries
@@ -82,7 +88,9 @@ class MicroBatcher:
         self.busy = 0
         self.seconds_per_query = 0.01  # running estimate, for Retry-After
         self._waiting: deque[_Job] = deque()
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mempo-search")
+        # `executor`: the threads that opened the index (see mempo.retrieval.serving.search_threads);
+        # the batcher owns it from here on and shuts it down in stop()
+        self._pool = executor or search_threads(workers)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()

@@ -41,6 +41,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -119,8 +120,13 @@ def dedupe_articles(articles: list[list[Any]], key: Callable[[Any], str]) -> tup
 
 
 def create_app(retriever: Retriever, limits: ServiceLimits | None = None,
-               manifest: dict[str, Any] | None = None) -> Any:
-    """The FastAPI app serving `retriever` under `limits`. Run it with uvicorn."""
+               manifest: dict[str, Any] | None = None,
+               executor: ThreadPoolExecutor | None = None) -> Any:
+    """The FastAPI app serving `retriever` under `limits`. Run it with uvicorn.
+
+    `executor`: the search threads (`limits.workers` of them) to use, best the one that
+    opened `retriever` (see `mempo.retrieval.serving.open_in_search_thread`); default a new pool.
+    """
     limits = limits or ServiceLimits()
     manifest = manifest if manifest is not None else getattr(retriever, "manifest", {}) or {}
     metrics = _Metrics()
@@ -148,7 +154,8 @@ def create_app(retriever: Retriever, limits: ServiceLimits | None = None,
                          max_queue_queries=limits.max_queue_queries, workers=limits.workers,
                          batching=limits.batching, window_s=limits.batch_window_ms / 1000.0,
                          on_batch=metrics.batch_size.observe,
-                         on_drop=lambda reason: metrics.dropped.labels(reason).inc())
+                         on_drop=lambda reason: metrics.dropped.labels(reason).inc(),
+                         executor=executor)
         b.start()
         metrics.queued.set_function(lambda: b.queued_queries)
         state["batcher"] = b
