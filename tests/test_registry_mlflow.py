@@ -268,6 +268,29 @@ def test_lock_excludes_a_second_holder_and_breaks_stale_locks(mlflow_uri: str) -
     assert not client.search_registered_models("name = 'agent.promotion-lock'")
 
 
+
+def test_lock_is_taken_when_the_holder_releases_inside_the_stores_create(mlflow_uri: str, monkeypatch) -> None:
+    # The race CI hit: the sqlite store answers a duplicate create (IntegrityError) by reading the
+    # existing model back for its message; when the holder deletes the lock in between, the
+    # create fails with RESOURCE_DOES_NOT_EXIST instead of RESOURCE_ALREADY_EXISTS. The real
+    # store, with that interleaving forced: the other holder releases at the store's read-back.
+    client = mlflow.MlflowClient(mlflow_uri)
+    client.create_registered_model("agent.promotion-lock", tags={"owner": "other", "acquired_at": f"{time.time()}"})
+    store = client._get_registry_client().store
+    real_get, released = store.get_registered_model, []
+
+    def get_after_release(name):
+        if not released:
+            released.append(name)
+            store.delete_registered_model(name)
+        return real_get(name)
+
+    monkeypatch.setattr(store, "get_registered_model", get_after_release)
+    with promotion_lock(client, "agent", wait_s=5) as token:
+        assert released == ["agent.promotion-lock"]
+        assert client.get_registered_model("agent.promotion-lock").tags["owner"] == token
+    assert not client.search_registered_models("name = 'agent.promotion-lock'")
+
 RACER = """
 import sys, time
 from pathlib import Path

@@ -60,6 +60,10 @@ def promotion_lock(
             )
             break
         except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                # The sqlite store answers a duplicate create by reading the holder's lock back
+                # for its message; the holder released it in between: the lock is free, retry.
+                continue
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
         try:
