@@ -90,6 +90,7 @@ def _ask(args: argparse.Namespace) -> int:
     from mempo.evaluation.engine import load_engine
     from mempo.evaluation.model_ref import resolved_model
     from mempo.evaluation.settings import EvalSettings
+    from mempo.training.runtime import set_cpu_threads
 
     params = params_from(args, {
         "eval.model": args.model, "eval.retriever": _retriever_flag(args.retriever), "eval.backend": args.backend,
@@ -98,6 +99,7 @@ def _ask(args: argparse.Namespace) -> int:
         "eval.rollout.decoder": args.decoder,
     })
     p = params.eval
+    set_cpu_threads(p.threads)
     with resolved_model(p.model) as model:
         engine = load_engine(model.path, model.tokenizer_path, backend=p.backend, device=p.device,
                              openai_url=p.openai_url, served_model=p.served_model, retriever=p.retriever,

@@ -127,6 +127,7 @@ class EvalParams(_InheritsRollout):
     openai_url: str = "http://127.0.0.1:30000"
     served_model: str = "policy"
     device: str = "cpu"
+    threads: int = Field(1, ge=0)  # torch CPU threads (0 = torch default), as sft.threads / train.threads
     memory_probe: bool = True
     external_memory_encoder: str = "hashing"
     external_memory_snippets: int = Field(3, ge=1)

@@ -67,9 +67,11 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
     """
     from mempo.evaluation.model_ref import resolved_model
     from mempo.tracking import stage_run
+    from mempo.training.runtime import set_cpu_threads
 
     settings = EvalSettings.from_params(p)
     decoder = decoder or settings.rollout.decoder
+    set_cpu_threads(p.threads)
     paths = benchmarks.paths() if hasattr(benchmarks, "paths") else dict(benchmarks)
     unknown = [a for a in p.agents if a not in AGENTS]
     if unknown:

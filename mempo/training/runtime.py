@@ -36,6 +36,16 @@ def resolve_device(device: str) -> Any:
         raise ConfigError(f"unknown device '{device}': {e}", field="device") from e
 
 
+def set_cpu_threads(threads: int | None) -> None:
+    """torch's intra-op CPU threads (None/0 keeps the default). 1 for the tiny policy: with
+    more, every thread that runs a forward (rollouts generate in worker threads) gets its own
+    OpenMP team, and once teams outnumber the cores libgomp stops spinning between ops."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def seed_everything(seed: int, deterministic: bool = True, threads: int | None = None) -> None:
     """Seed python, numpy and torch; optionally force deterministic kernels.
 
@@ -54,8 +64,7 @@ def seed_everything(seed: int, deterministic: bool = True, threads: int | None =
     torch.manual_seed(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
-    if threads:
-        torch.set_num_threads(threads)
+    set_cpu_threads(threads)
     if deterministic:
         # cuBLAS needs this for deterministic matmuls; harmless on CPU.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
