@@ -268,7 +268,6 @@ def test_lock_excludes_a_second_holder_and_breaks_stale_locks(mlflow_uri: str) -
     assert not client.search_registered_models("name = 'agent.promotion-lock'")
 
 
-
 def test_lock_is_taken_when_the_holder_releases_inside_the_stores_create(mlflow_uri: str, monkeypatch) -> None:
     # The race CI hit: the sqlite store answers a duplicate create (IntegrityError) by reading the
     # existing model back for its message; when the holder deletes the lock in between, the
@@ -290,6 +289,7 @@ def test_lock_is_taken_when_the_holder_releases_inside_the_stores_create(mlflow_
         assert released == ["agent.promotion-lock"]
         assert client.get_registered_model("agent.promotion-lock").tags["owner"] == token
     assert not client.search_registered_models("name = 'agent.promotion-lock'")
+
 
 RACER = """
 import sys, time

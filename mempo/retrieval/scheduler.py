@@ -88,7 +88,7 @@ class MicroBatcher:
         self.busy = 0
         self.seconds_per_query = 0.01  # running estimate, for Retry-After
         self._waiting: deque[_Job] = deque()
-        # `executor`: the threads that opened the index (see mempo.retrieval.serving.search_threads);
+        # `executor`: the threads that opened the index (mempo.retrieval.serving.open_in_search_thread);
         # the batcher owns it from here on and shuts it down in stop()
         self._pool = executor or search_threads(workers)
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -37,9 +37,11 @@ def resolve_device(device: str) -> Any:
 
 
 def set_cpu_threads(threads: int | None) -> None:
-    """torch's intra-op CPU threads (None/0 keeps the default). 1 for the tiny policy: with
-    more, every thread that runs a forward (rollouts generate in worker threads) gets its own
-    OpenMP team, and once teams outnumber the cores libgomp stops spinning between ops."""
+    """torch's intra-op CPU threads (None/0 keeps the default). The stages use 1 for the tiny
+    policy: measured faster on 2 cores (eval rollouts 1.4-1.6x, docs/results.md). Likely why:
+    rollouts generate in worker threads, each thread that runs a multi-threaded op gets its own
+    OpenMP team, and once those outnumber the cores libgomp stops spinning between ops (the
+    retrieval service's 2x slowdown, `mempo.retrieval.serving.open_in_search_thread`)."""
     if threads:
         import torch
 
