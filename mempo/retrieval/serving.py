@@ -119,10 +119,10 @@ def open_in_search_thread(open_fn: Callable[[], Any], workers: int) -> tuple[Thr
 
     torch and FAISS share one OpenMP runtime, and each thread that starts a parallel region
     gets its own team of OpenMP workers. Opening the index on the main thread (the encoder's
-    fingerprint probe runs a forward pass) and searching on another one leaves two teams, more
-    OpenMP threads than cores, and libgomp then stops spinning between regions: every layer
-    pays a futex wake-up. Measured on 2 cores, MiniLM, one query: 23-24 ms a forward pass
-    opened on the main thread vs 11 ms opened in the search thread.
+    fingerprint probe runs a forward pass) and searching on another one leaves two teams and
+    more OpenMP threads than cores; libgomp then (as far as we can tell) stops spinning between
+    regions, so every layer pays a futex wake-up. Measured on 2 cores, MiniLM, one query:
+    23-24 ms a forward pass opened on the main thread vs 11 ms opened in the search thread.
     """
     threads = search_threads(workers)
     try:
