@@ -80,3 +80,23 @@ def test_step_tasks_cover_each_epoch_without_repeats() -> None:
     seen = [i for step in range(5) for i in step_tasks(10, 2, step, seed=3)]
     assert sorted(seen) == list(range(10))
     assert step_tasks(10, 2, 7, seed=3) == step_tasks(10, 2, 7, seed=3)
+
+
+def test_episode_metrics_split_em_and_format_by_number_of_objectives() -> None:
+    from mempo.agent.rollout import Episode, TurnRecord
+    from mempo.training.grpo import episode_metrics
+
+    def ep(objectives: list[list[str]], answer: str) -> Episode:
+        e = Episode(episode_id=answer, item_id=answer, question="q?", golden_answers=["; ".join(o[0] for o in objectives)],
+                    objectives=objectives, context="memory", final_answer=answer)
+        e.turns.append(TurnRecord(turn_index=0, prompt_ids=[1], response_ids=[5], response_mask=[1], mem_mask=[0],
+                                  memory="m", prompt_length=1, response_text=f"<mem> m </mem> <answer> {answer} </answer>",
+                                  action="answer", argument=answer, valid=True, error=""))
+        return e
+
+    single_right, single_wrong = ep([["Paris"]], "Paris"), ep([["Paris"]], "Rome")
+    k2_half = ep([["Paris"], ["1900"]], "Paris; 1901")
+    got = episode_metrics([single_right, single_wrong, k2_half], [1.0, 0.0, 0.0], "all")
+    assert got["em_k1"] == 0.5 and got["em_k2"] == 0.0 and got["format_valid_k2"] == 1.0
+    assert episode_metrics([single_right, k2_half], [1.0, 0.5], "mean")["em_k2"] == 0.5  # the training rule
+    assert "em_k1" not in episode_metrics([single_right, single_wrong], [1.0, 0.0], "all")  # no mixture, no split

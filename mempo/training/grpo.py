@@ -70,7 +70,8 @@ def step_tasks(n_tasks: int, batch: int, step: int, seed: int) -> list[int]:
 
 def episode_metrics(episodes: Sequence[Any], rewards: Sequence[float], multi_rule: str) -> dict[str, float]:
     """Outcome metrics of a set of episodes: reward mean/std, EM, F1, format validity, turns,
-    response tokens per turn, prompt tokens per turn."""
+    response tokens per turn, prompt tokens per turn; EM and format validity per number of
+    objectives (`em_k1`, `em_k2`, ...) when the batch mixes them."""
     from mempo.rewards import answer_correctness, token_f1
 
     em = [answer_correctness(ep.final_answer, ep.golden_answers, ep.objectives, multi_rule)  # type: ignore[arg-type]
@@ -81,6 +82,14 @@ def episode_metrics(episodes: Sequence[Any], rewards: Sequence[float], multi_rul
     prompt_tokens = [n for ep in episodes for n in ep.prompt_tokens]
     resp = [len(t.response_ids) for ep in episodes for t in ep.turns]
     forgot = forgetting_rate((ep.objectives, ep.memory_steps()) for ep in episodes if ep.context == "memory")
+    by_k: dict[int, list[int]] = {}
+    for i, ep in enumerate(episodes):
+        by_k.setdefault(max(1, len(ep.objectives)), []).append(i)
+    per_k = {}
+    if len(by_k) > 1:  # a mixture (singles + k=2): what RL does to each part, which the means hide
+        for k, idx in sorted(by_k.items()):
+            per_k[f"em_k{k}"] = mean([em[i] for i in idx])
+            per_k[f"format_valid_k{k}"] = mean([float(episodes[i].format_valid) for i in idx])
     return {
         "reward_mean": mean(rewards), "reward_std": sample_std(rewards),
         "em": mean(em), "f1": mean(f1),
@@ -91,6 +100,7 @@ def episode_metrics(episodes: Sequence[Any], rewards: Sequence[float], multi_rul
         "prompt_tokens_per_turn": mean(prompt_tokens),
         "hit_turn_limit": mean([float(ep.hit_turn_limit) for ep in episodes]),
         **({"forgetting_rate": forgot} if forgot is not None else {}),
+        **per_k,
     }
 
 
@@ -314,6 +324,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
     if active_run_id():
         metrics["mlflow_run_id"] = active_run_id()  # `mempo register` links the model to this run
     vals = [r for r in hist if "val_em" in r]
+    per_k = sorted({k for r in hist for k in r if k.startswith(("em_k", "format_valid_k"))})
     if vals:
         metrics["val_em"] = vals[-1]["val_em"]
         metrics["val_f1"] = vals[-1]["val_f1"]
@@ -323,5 +334,6 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
                   f"GRPO (lambda_mem={mp.lambda_mem})"),
         CurvePlot(["kl", "entropy", "clip_frac"], "train_policy.png", "policy statistics"),
         CurvePlot(["time_rollout", "time_mem_scoring", "time_update"], "train_time.png", "step time (s)"),
+        *([CurvePlot(per_k, "train_per_k.png", "EM and format validity per number of objectives")] if per_k else []),
     ], "train_final")
     return metrics
