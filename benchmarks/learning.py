@@ -28,7 +28,8 @@ to the turn cap, on the first `--untrained-n` of each).
 Reported per variant and k: EM, objective EM, forgetting rate, format validity, peak and
 mean prompt tokens per turn; the paired MemPO - GRPO difference per k with a bootstrap 95%
 interval (tasks and seeds resampled); RL reward curves (mean over seeds) and EM against k as
-PNGs. Writes benchmarks/results/learning.json, learning_curves.png, learning_em_vs_k.png.
+PNGs. Writes benchmarks/results/learning.json, learning_curves.png, learning_em_vs_k.png
+(and learning_curves_per_k.png: rollout EM on the singles and the k=2 tasks while RL trains).
 Jobs run in `--jobs` single-threaded processes; a finished job's result is kept in
 `--workdir`, so a killed study resumes where it stopped.
 """
@@ -279,7 +280,8 @@ def job_rl(variant: str, seed: int, a: argparse.Namespace, inputs: dict[str, Pat
     return {"train_seconds": train_s, "eval_seconds": time.perf_counter() - t0 - train_s,
             "mean_time_step": m["mean_time_step"], "mem_scoring_share": m["mem_scoring_share"],
             "curve": [{k: r.get(k) for k in ("step", "reward_mean", "em", "format_valid", "kl", "forgetting_rate",
-                                             "groups_with_signal", "time_step")} for r in history],
+                                             "groups_with_signal", "time_step", "em_k1", "em_k2", "format_valid_k2")}
+                      for r in history],
             "eval": ev}
 
 
@@ -356,7 +358,8 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
         rows = []
         for step in range(a.rl_steps):
             row: dict[str, Any] = {"step": step + 1}
-            for key in ("reward_mean", "em", "format_valid", "kl", "forgetting_rate"):
+            for key in ("reward_mean", "em", "format_valid", "kl", "forgetting_rate", "em_k1", "em_k2",
+                        "format_valid_k2"):
                 vals = [c["curve"][step].get(key) for c in variants[v] if len(c["curve"]) > step]
                 vals = [x for x in vals if x is not None]
                 if vals:
@@ -406,6 +409,12 @@ def plots(out: dict[str, Any], out_path: Path) -> None:
               for i in range(steps)]
     plot_curves(merged, [f"{v}_reward" for v in curves], out_path.with_name("learning_curves.png"),
                 title="RL training reward (mean over seeds)")
+    by_k = [{"step": i + 1, **{f"{v}_{key}": curves[v][i][key] for v in curves for key in ("em_k1", "em_k2")
+                               if len(curves[v]) > i and curves[v][i].get(key) is not None}} for i in range(steps)]
+    keys = [f"{v}_{key}" for v in curves for key in ("em_k1", "em_k2") if any(f"{v}_{key}" in r for r in by_k)]
+    if keys:  # what RL on the singles + k=2 mixture does to each part (rollout EM, mean over seeds)
+        plot_curves(by_k, keys, out_path.with_name("learning_curves_per_k.png"),
+                    title="RL rollout EM on singles (k1) and k=2 tasks (mean over seeds)")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     ks = {"single": 1, "k2": 2, "k4": 4}
     for v, by_bench in out["results"].items():

@@ -19,15 +19,16 @@ def learning():
     return mod
 
 
-def _job(values: dict[str, list[float]], curve_reward: float = 0.5) -> dict:
-    """A job result whose per-task objective EM on each set is `values[bench]`."""
+def _job(values: dict[str, list[float]], curve_reward: float = 0.5, **curve: float) -> dict:
+    """A job result whose per-task objective EM on each set is `values[bench]` (`curve`: more
+    keys of every training-curve row)."""
     ev = {}
     for bench, vals in values.items():
         per = {f"t{i}": {"em": v, "objective_em": v, "forgetting_rate": None} for i, v in enumerate(vals)}
         agg = {"n": len(vals), "em": sum(vals) / len(vals), "objective_em": sum(vals) / len(vals)}
         ev[bench] = {"aggregate": agg, "per_task": per}
     return {"eval": ev, "mean_time_step": 1.0, "mem_scoring_share": 0.0,
-            "curve": [{"step": i + 1, "reward_mean": curve_reward} for i in range(3)]}
+            "curve": [{"step": i + 1, "reward_mean": curve_reward, **curve} for i in range(3)]}
 
 
 def test_paired_differences_use_the_seeds_both_variants_ran(learning, tmp_path):
@@ -51,6 +52,27 @@ def test_paired_differences_use_the_seeds_both_variants_ran(learning, tmp_path):
     assert out["results"]["full"]["k2"]["em"]["per_seed"] == [1.0]
     assert len(out["results"]["mempo"]["k2"]["em"]["per_seed"]) == 3
     learning.print_table(out)  # the table skips the seed lists
+
+
+def test_per_k_training_curves_average_over_seeds_and_get_their_own_plot(learning, tmp_path):
+    a = learning._args(["--seeds", "0", "1", "--variants", "grpo", "mempo", "--rl-steps", "3", "--bootstrap", "50",
+                        "--workdir", str(tmp_path)])
+    sets = ("single", "k2", "k4")
+    results = {"untrained": _job({b: [0.0] for b in sets}), "sft-memory": _job({b: [0.0] for b in sets}),
+               "sft-full": _job({b: [0.0] for b in sets})}
+    for s in range(2):
+        results[f"rl-grpo-seed{s}"] = _job({b: [0.0] for b in sets}, em_k1=0.5, em_k2=0.1 * (s + 1))
+        results[f"rl-mempo-seed{s}"] = _job({b: [0.0] for b in sets}, em_k1=0.5)  # no k=2 task in any batch
+    out = learning.summarise(a, results)
+    assert out["curves"]["grpo"][0]["em_k2"] == pytest.approx(0.15)
+    assert "em_k2" not in out["curves"]["mempo"][0] and out["curves"]["mempo"][2]["em_k1"] == 0.5
+    learning.plots(out, tmp_path / "learning.json")
+    assert (tmp_path / "learning_curves_per_k.png").stat().st_size > 0
+    for r in results.values():
+        for row in r["curve"]:
+            row.pop("em_k1", None), row.pop("em_k2", None)
+    learning.plots(learning.summarise(a, results), tmp_path / "plain" / "learning.json")
+    assert not (tmp_path / "plain" / "learning_curves_per_k.png").exists()  # a study without per-k rows
 
 
 def test_the_study_evaluates_with_the_eval_stages_own_code(learning, tiny_world: Path, tmp_path: Path,
