@@ -166,15 +166,11 @@ def prepare_inputs(a: argparse.Namespace) -> dict[str, Path]:
 
 
 def _teacher_episodes(world: Path, data: Path, corpus: Path, policy: Path, out: Path) -> None:
-    from mempo.retrieval import open_retriever
-    from mempo.training.runtime import load_policy
-    from mempo.training.sft_data import teacher_records, write_episode_records
+    from mempo.training.sft_data import run_teacher
 
-    _, tok = load_policy(policy, "cpu")
-    with open_retriever(str(corpus)) as retriever:
-        tr, va, stats = teacher_records(_params({"sft.world": str(world), "data.out": str(data)}), tok, retriever)
-    write_episode_records(out, tr, va)
-    print(f"teacher: {stats['correct']}/{stats['episodes']} episodes correct", flush=True)
+    stats = run_teacher(_params({"sft.world": str(world), "data.out": str(data), "sft.policy": str(policy),
+                                 "sft.retriever": str(corpus), "sft.teacher_out": str(out)}), tracking=False)
+    print(f"teacher: {stats['data_correct']:.0f}/{stats['data_episodes']:.0f} episodes correct", flush=True)
 
 
 def test_tasks(world: Path, a: argparse.Namespace) -> dict[str, list[Any]]:

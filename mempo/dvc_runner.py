@@ -1,5 +1,5 @@
 """Driving DVC for `mempo pipeline run`: which stages are stale, the stage graph, `dvc repro`
-in its own process group, `dvc push`.
+in its own process group, stages side by side (`reproduce`), `dvc push`.
 
     from mempo.dvc_runner import repro, stale_stages
     stale_stages(".")                      # ["sft", "train", ...]: what `dvc repro` would run
@@ -22,7 +22,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -151,24 +154,37 @@ def _stop_group(proc: subprocess.Popen[Any], grace_s: float = STOP_GRACE_S) -> N
             time.sleep(0.1)
 
 
+def _repro_cmd(force: bool, single_item: bool, targets: list[str] | None, wait_for_lock: bool) -> list[str]:
+    return [dvc_executable(), *(["--wait-for-lock"] if wait_for_lock else []), "repro",
+            *(["--force"] if force else []), *(["--single-item"] if single_item else []), *(targets or [])]
+
+
+def _record(line: str, result: PipelineResult | None) -> None:
+    """Note in `result` a stage that `dvc repro`'s output line says ran or was restored."""
+    if result is not None and (m := _RAN.match(line)):
+        result.ran.append(m.group(1).split(":")[-1])
+    elif result is not None and (m := _RESTORED.match(line)):
+        result.restored.append(m.group(1).split(":")[-1])
+
+
 def repro(root: Path, force: bool, targets: list[str] | None, extra_env: dict[str, str],
-           single_item: bool = False, result: PipelineResult | None = None) -> None:
+          single_item: bool = False, result: PipelineResult | None = None, wait_for_lock: bool = False,
+          on_start: Callable[[subprocess.Popen[str]], None] | None = None) -> None:
     """`dvc repro` in its own process group, its output passed through; records in `result`
     which stages ran. Interrupted (KeyboardInterrupt, the CLI's SIGTERM exception), it stops
-    the whole group before re-raising."""
-    cmd = [dvc_executable(), "repro", *(["--force"] if force else []), *(["--single-item"] if single_item else []),
-           *(targets or [])]
+    the whole group before re-raising. `wait_for_lock`: wait while another `dvc` holds the
+    repository lock; `on_start` gets the process (to stop it from elsewhere)."""
+    cmd = _repro_cmd(force, single_item, targets, wait_for_lock)
     proc = subprocess.Popen(cmd, cwd=root, env={**dvc_env(), **extra_env}, stdout=subprocess.PIPE, text=True,
                             bufsize=1, start_new_session=True)
     assert proc.stdout is not None
+    if on_start is not None:
+        on_start(proc)
     try:
         for line in proc.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
-            if result is not None and (m := _RAN.match(line)):
-                result.ran.append(m.group(1).split(":")[-1])
-            elif result is not None and (m := _RESTORED.match(line)):
-                result.restored.append(m.group(1).split(":")[-1])
+            _record(line, result)
         returncode = proc.wait()
     except BaseException:
         _stop_group(proc)
@@ -177,6 +193,141 @@ def repro(root: Path, force: bool, targets: list[str] | None, extra_env: dict[st
         proc.stdout.close()
     if returncode != 0:
         raise MempoError(f"`dvc {' '.join(cmd[1:])}` failed (exit {returncode}); see the stage output above")
+
+
+@dataclass
+class BesideStage:
+    """A `dvc repro --single-item` of one stage running beside another (see `start_beside`)."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    relay: threading.Thread
+    result: PipelineResult | None
+
+    def wait(self) -> int:
+        rc = self.proc.wait()
+        self.relay.join()
+        return rc
+
+    def stop(self) -> None:
+        _stop_group(self.proc)  # type: ignore[arg-type]
+        self.relay.join(timeout=10)
+
+
+def start_beside(root: Path, name: str, force: bool, extra_env: dict[str, str], log: Path,
+                 result: PipelineResult | None = None, progress_every_s: float = 60.0) -> BesideStage:
+    """`dvc --wait-for-lock repro --single-item NAME` in its own process group, for a stage that
+    runs beside the `dvc repro` of another. DVC releases the repository lock while a stage's
+    command runs and takes it back to record the result, so two of them interleave, each
+    waiting for the other's bookkeeping; their deps and outs must not overlap (DVC's per-path
+    locks refuse that). Its output (stage output included) goes to `log`; DVC's lines saying a
+    stage runs, was restored or failed are printed, prefixed with the stage's name, and its
+    newest other line at most every `progress_every_s` seconds (two progress bars in one
+    terminal would garble each other)."""
+    cmd = _repro_cmd(force, True, [name], True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"Reproducing '{name}' beside it (output: {log}):\n> {' '.join(['dvc', *cmd[1:]])}", flush=True)
+    proc = subprocess.Popen(cmd, cwd=root, env={**dvc_env(), **extra_env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def relay() -> None:
+        assert proc.stdout is not None
+        last_print, pending, carry = 0.0, "", ""
+        with open(log, "wb") as fh:
+            for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+                fh.write(chunk)
+                fh.flush()
+                *lines, carry = re.split(r"[\r\n]", carry + chunk.decode("utf-8", "replace"))
+                for line in lines:
+                    _record(line, result)
+                    if _RAN.match(line) or _RESTORED.match(line) or line.startswith("ERROR"):
+                        print(f"[{name}] {line.strip()[-300:]}", flush=True)  # what happened: always
+                pending = next((x for x in reversed(lines) if x.strip()), pending)
+                if pending and time.monotonic() - last_print >= progress_every_s:
+                    print(f"[{name}] {pending.strip()[-160:]}", flush=True)
+                    last_print, pending = time.monotonic(), ""
+        _record(carry, result)
+        if pending or carry.strip():
+            print(f"[{name}] {(carry.strip() or pending.strip())[-160:]}", flush=True)
+
+    thread = threading.Thread(target=relay, name=f"relay-{name}", daemon=True)
+    thread.start()
+    return BesideStage(name, proc, log, thread, result)
+
+
+def reproduce(root: Path, force: bool, targets: list[str] | None, env: dict[str, str], stages: dict[str, Any],
+              todo: list[str], groups: list[list[str]], result: PipelineResult, single_item: bool = False) -> None:
+    """`dvc repro` of `targets` (`todo`: the stages that will run, in dependency order), except
+    that the stages of a group in `groups` (`pipeline.parallel_stages`) that are all in `todo` run
+    side by side: what they need first, then the group (`run_side_by_side`), then the rest.
+    With `single_item` (or `force`), each stage of `todo` runs once, as `targets` of
+    `dvc repro --single-item`."""
+    for i, group in enumerate(groups):
+        members = [s for s in group if s in todo]
+        if len(members) < 2:
+            continue
+        need = upstream_of(stages, members) - set(members)
+        before = [s for s in todo if s in need]
+        if before:
+            repro(root, force, before, env, single_item=force or single_item, result=result)
+        run_side_by_side(root, force, members, env, result)
+        rest = [s for s in todo if s not in need and s not in members]
+        if rest:
+            reproduce(root, force, rest if (force or single_item) else targets, env, stages, rest,
+                      groups[i + 1:], result, single_item=force or single_item)
+        return
+    repro(root, force, targets, env, single_item=single_item, result=result)
+
+
+def run_side_by_side(root: Path, force: bool, members: list[str], env: dict[str, str],
+                     result: PipelineResult) -> None:
+    """Stages that need nothing of each other, each through its own `dvc repro --single-item`,
+    at once: the first's output passed through, the others' in outputs/logs/STAGE.log
+    (`start_beside`). DVC does the rest as always (run cache, dvc.lock). When one fails, the
+    others are stopped (SIGINT first: a stage's MLflow run ends FAILED, nothing is recorded)."""
+    lead, others = members[0], members[1:]
+    beside: list[BesideStage] = []
+    failed: list[tuple[BesideStage, int]] = []
+    lead_proc: list[subprocess.Popen[str]] = []
+
+    def stop_lead() -> None:
+        if lead_proc:
+            threading.Thread(target=_stop_group, args=(lead_proc[0],), daemon=True).start()
+
+    def watch(b: BesideStage) -> None:
+        rc = b.wait()
+        if rc != 0:
+            failed.append((b, rc))
+            stop_lead()  # the run has failed: do not train the other stage for an hour first
+
+    def started(proc: subprocess.Popen[str]) -> None:
+        lead_proc.append(proc)
+        if failed:
+            stop_lead()
+
+    watchers: list[threading.Thread] = []
+    try:
+        for name in others:
+            beside.append(start_beside(root, name, force, env, root / "outputs" / "logs" / f"{name}.log", result))
+            watchers.append(threading.Thread(target=watch, args=(beside[-1],), daemon=True))
+            watchers[-1].start()
+        try:
+            repro(root, force, [lead], env, single_item=True, result=result, wait_for_lock=True, on_start=started)
+        except MempoError:
+            if not failed:
+                raise
+        for w in watchers:
+            while w.is_alive():
+                w.join(timeout=1.0)
+    except BaseException:
+        for b in beside:
+            b.stop()
+        raise
+    if failed:
+        b, rc = failed[0]
+        raise MempoError(f"`dvc repro {b.name}` failed (exit {rc}) beside '{lead}', which was stopped; "
+                         f"its output: {b.log}")
 
 
 def push_outputs(root: str | Path = ".") -> str | None:

@@ -17,7 +17,9 @@ What happens, in order:
    in-process index). It is stopped afterwards, also when a stage fails.
 4. `dvc repro` runs the rest; DVC decides what is stale. With `--force` every stage runs
    exactly once: the index stage and what it needs first, then the others in dependency
-   order (`dvc repro --force --single-item ...`).
+   order (`dvc repro --force --single-item ...`). The stale stages of a group in
+   `pipeline.parallel_stages` (the two SFT cold starts) run side by side, each in its own
+   `dvc repro --single-item` (`mempo.dvc_runner.reproduce`).
 5. `mempo promote` gates the newest registered version (`pipeline.promote: true`);
    promotion reads the live registry, so it is not a DVC stage (it would never be cached).
 6. dvc.lock is logged to the parent run, each stage run is tagged with the hashes DVC
@@ -65,6 +67,7 @@ from mempo.dvc_runner import (
     in_dependency_order,
     push_outputs,
     repro,
+    reproduce,
     stale_stages,
     upstream_of,
 )
@@ -292,11 +295,12 @@ def run_pipeline(
                         done = upstream_of(stages, [pp.index_stage])
                         rest = [s for s in will_run if s not in done]
                         if rest:
-                            repro(root, True, rest, env, single_item=True, result=result)
+                            reproduce(root, True, rest, env, stages, rest, pp.parallel_stages, result,
+                                      single_item=True)
                     else:
-                        repro(root, False, targets, env, result=result)
+                        reproduce(root, False, targets, env, stages, will_run, pp.parallel_stages, result)
             else:
-                repro(root, force, targets, {}, result=result)
+                reproduce(root, force, targets, {}, stages, will_run, pp.parallel_stages, result)
             do_promote = pp.promote if promote is None else promote
             registered = root / params.registration.out / "registered.json"
             if do_promote and registered.exists() and (not targets or "register" in targets):

@@ -209,6 +209,27 @@ def test_sft_trains_on_assistant_tokens_and_saves_an_hf_folder(setup: dict[str, 
     AutoModelForCausalLM.from_pretrained(setup["sft"] / "model")
 
 
+def test_the_teacher_stage_writes_the_episodes_the_sft_stage_ran_its_teacher_on(setup: dict[str, Path],
+                                                                                  tmp_path: Path) -> None:
+    """`mempo train teacher` (dvc.yaml's teacher stage, which both SFT stages read) writes the
+    same records, byte for byte, as the SFT stage's own teacher run with the same params."""
+    import json
+
+    from mempo.config import load_params
+    from mempo.training.sft_data import run_teacher
+
+    root, tiny_world = setup["root"], setup["corpus"].parent
+    params = load_params(None, {
+        "sft.policy": str(setup["policy"]), "sft.world": str(tiny_world), "sft.retriever": str(setup["corpus"]),
+        "sft.teacher_out": str(tmp_path / "teacher"), "data.out": str(root / "prepared")})
+    metrics = run_teacher(params, tracking=False)
+    for name in ("train_episodes.jsonl", "val_episodes.jsonl"):
+        assert (tmp_path / "teacher" / name).read_bytes() == (setup["sft"] / "trajectories" / name).read_bytes(), name
+    assert metrics["data_teacher_em"] == 1.0 and metrics["train_episodes"] > 40
+    assert json.loads((tmp_path / "teacher" / "metrics.json").read_text())["val_episodes"] == metrics["val_episodes"]
+    assert not (tmp_path / "teacher" / "model").exists()  # no model is trained or saved
+
+
 def test_full_history_baseline_learns_from_the_same_teacher_episodes_and_trains_two_grpo_steps(
     setup: dict[str, Path], tmp_path: Path
 ) -> None:

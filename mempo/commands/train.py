@@ -1,4 +1,5 @@
-"""`mempo train sft|grpo`: the SFT cold start and the local GRPO + memory-advantage trainer.
+"""`mempo train teacher|sft|grpo`: the teacher's SFT episodes, the SFT cold start and the local
+GRPO + memory-advantage trainer.
 
 Flags override `params.yaml` (`sft:` / `train:`); `--set section.key=value` overrides any key.
 """
@@ -16,6 +17,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     train = add_subparser(sub, "train", "train the policy: SFT cold start, then GRPO + memory advantage")
     tsub = train.add_subparsers(dest="train_command", metavar="TRAINER", required=True)
+
+    teacher = add_subparser(tsub, "teacher", "the scripted teacher's correct episodes on the SFT tasks, for both SFT formats")
+    teacher.add_argument("--policy", default=None, help="policy folder whose tokenizer counts tokens (params: sft.policy)")
+    teacher.add_argument("--world", default=None, help="knowledge world: its corpus names the renamed entities (params: sft.world)")
+    teacher.add_argument("--data", default=None, help="prepared data folder with sft.parquet / sft_val.parquet (params: data.out)")
+    teacher.add_argument("--retriever", default=None, help="index folder, corpus .jsonl or http URL (params: sft.retriever)")
+    teacher.add_argument("--out", default=None, help="output folder (params: sft.teacher_out)")
+    teacher.add_argument("--seed", type=int, default=None, help="seed of the entity renaming (params: sft.seed)")
+    teacher.set_defaults(handler=_teacher)
 
     sft = add_subparser(tsub, "sft", "cold start on correct memory-format trajectories")
     sft.add_argument("--policy", default=None, help="model folder to start from (params: sft.policy)")
@@ -66,6 +76,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     rayjob.add_argument("--parent-run-id", default=None, help="MLflow parent run (default: $MEMPO_PARENT_RUN_ID)")
     rayjob.add_argument("--dry-run", action="store_true", help="print the validated RayJob manifest, submit nothing")
     rayjob.set_defaults(handler=_rayjob)
+
+
+def _teacher(args: argparse.Namespace) -> int:
+    from mempo.training.sft_data import run_teacher
+
+    params = params_from(args, {
+        "sft.policy": args.policy, "sft.world": args.world, "sft.retriever": args.retriever,
+        "sft.teacher_out": args.out, "sft.seed": args.seed, "data.out": args.data,
+    })
+    metrics = run_teacher(params)
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
+    return 0
 
 
 def _sft(args: argparse.Namespace) -> int:

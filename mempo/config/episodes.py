@@ -144,6 +144,7 @@ class SFTParams(Section):
     retriever: str = "outputs/index"
     trajectories: str = ""
     val_trajectories: str = ""
+    teacher_out: str = "outputs/teacher"
     part: str = "sft"
     max_questions: int | None = Field(2000, ge=1)
     multi_k: list[int] = Field(default_factory=lambda: [2, 3, 4])

@@ -176,7 +176,8 @@ class PipelineParams(Section):
 
     experiment: str = "mempo"
     serve_retriever: bool = True
-    retriever_stages: list[str] = Field(default_factory=lambda: ["sft", "train", "train_full", "eval"])
+    retriever_stages: list[str] = Field(default_factory=lambda: ["teacher", "train", "train_full", "eval"])
+    parallel_stages: list[list[str]] = Field(default_factory=list)
     index_stage: str = "index"
     index_dir: str = "outputs/index"
     retriever_host: str = "127.0.0.1"

@@ -80,7 +80,7 @@ def load_policy(path: str | Path, device: Any, dtype: str = "float32") -> tuple[
     record pointing at a model elsewhere). `dtype`: float32 | bfloat16 | float16.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from mempo.policy import resolve_policy_path
 
@@ -88,13 +88,24 @@ def load_policy(path: str | Path, device: Any, dtype: str = "float32") -> tuple[
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
     if torch_dtype is None:
         raise ConfigError(f"unknown dtype '{dtype}' (float32 | bfloat16 | float16)", field="dtype")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
+    tokenizer = load_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype)
     model.to(device)
     return model, tokenizer
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer of a policy folder (see `load_policy`) as the rollouts use it: left
+    padding, pad token set. For what needs token counts but no model (the teacher)."""
+    from transformers import AutoTokenizer
+
+    from mempo.policy import resolve_policy_path
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_policy_path(path)))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
 
 
 def save_policy(model: Any, tokenizer: Any, out: str | Path, manifest: dict[str, Any] | None = None) -> Path:

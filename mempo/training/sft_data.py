@@ -29,6 +29,7 @@ training data preparation, built on `mempo.training.sft`'s sample type.
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import time
@@ -41,6 +42,8 @@ from mempo.errors import DataError
 from mempo.io import iter_jsonl, write_jsonl
 from mempo.tasks import Task
 from mempo.training.sft import SFTSample
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,40 @@ def teacher_records(params: Any, tokenizer: Any, retriever: Any
                                       rename=p.rename_entities, seed=p.seed, name_pool=pool)
     val_r, _ = teacher_episodes(val_tasks, retriever, tokenizer, params.rollout, params.mempo.multi_rule)
     return train_r, val_r, stats
+
+
+def run_teacher(params: Any, tracking: bool = True) -> dict[str, float]:
+    """The teacher stage (`mempo train teacher`): `teacher_records` written to `sft.teacher_out`
+    as `{train,val}_episodes.jsonl`, with its statistics in `metrics.json`. Both SFT stages
+    read these records (`sft.trajectories`), one in each context, so they can train side by
+    side on the same episodes. Only the policy's tokenizer is loaded (token counts), no model."""
+    from mempo.data.sft_split import sft_split_paths
+    from mempo.training.stage import tracked
+
+    p = params.sft
+    data = dict(zip(("sft_tasks", "sft_val_tasks"), map(str, sft_split_paths(params.data.out)), strict=True))
+    return tracked("teacher", tracking, lambda: _run_teacher(params), params=p,
+                   data={"policy": p.policy, "retriever": p.retriever, **data})
+
+
+def _run_teacher(params: Any) -> dict[str, float]:
+    from mempo.io import write_json
+    from mempo.retrieval import open_retriever
+    from mempo.tracking import log_metrics
+    from mempo.training.runtime import load_tokenizer
+
+    p = params.sft
+    t0 = time.perf_counter()
+    with open_retriever(p.retriever) as retriever:
+        train_r, val_r, stats = teacher_records(params, load_tokenizer(p.policy), retriever)
+    out = Path(p.teacher_out)
+    write_episode_records(out, train_r, val_r)
+    metrics = {**{f"data_{k}": v for k, v in stats.items()}, "train_episodes": len(train_r),
+               "val_episodes": len(val_r), "seconds": time.perf_counter() - t0}
+    write_json(out / "metrics.json", metrics)
+    log_metrics(metrics, prefix="teacher")
+    log.info("teacher: %d train / %d val episodes -> %s", len(train_r), len(val_r), out)
+    return metrics
 
 
 def write_episode_records(folder: Path, train: Sequence[EpisodeRecord], val: Sequence[EpisodeRecord]) -> None:
