@@ -453,3 +453,30 @@ def test_prompt_lm_loss_weights_skip_retrieved_passages(setup: dict[str, Path]) 
         c, nc = token_loss(model, collate([lm], tok.pad_token_id, 0.5), "cpu")
     assert float(a) == float(b) and na == nb == len(lm.input_ids) - lm.n_prompt
     assert nc > nb and float(c) > float(b)
+
+
+@pytest.mark.slow
+def test_side_by_side_benchmark_runs_the_sft_stages_both_ways(setup: dict[str, Path], tmp_path: Path) -> None:
+    """benchmarks/side_by_side.py on the tiny setup: dvc.yaml's two SFT commands, 2 steps each,
+    one after the other twice and side by side once; the JSON has the ratio and its parts."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("side_by_side", REPO / "benchmarks" / "side_by_side.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    root = tmp_path / "root"
+    (root / "outputs").mkdir(parents=True)
+    (root / "outputs" / "policy").symlink_to(setup["policy"])
+    out = tmp_path / "side_by_side.json"
+    assert bench.main(["--root", str(root), "--teacher", str(setup["sft"] / "trajectories"), "--steps", "2",
+                       "--full-steps", "100", "300", "--work", str(tmp_path / "w"), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [r["side_by_side"] for r in res["runs"]] == [False, True, False]
+    assert all(r["sft_steps"] == 2 and r["sft_full_steps"] == 2 for r in res["runs"])
+    assert res["ratio"] == pytest.approx(res["sequential_wall_s"] / res["side_by_side_wall_s"])
+    pred = res["predicted_full_length"]
+    assert pred["steps"] == {"sft": 100, "sft_full": 300}
+    assert pred["saved_s"] == pytest.approx(pred["sequential_s"] - pred["side_by_side_s"])
+    full = json.loads((tmp_path / "w" / "1-side" / "sft_full" / "model" / "policy.json").read_text())
+    assert full["context"] == "full"  # dvc.yaml's sft_full command, rendered with the whole history
