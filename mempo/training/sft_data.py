@@ -191,7 +191,7 @@ def run_teacher(params: Any, tracking: bool = True) -> dict[str, float]:
     p = params.sft
     data = dict(zip(("sft_tasks", "sft_val_tasks"), map(str, sft_split_paths(params.data.out)), strict=True))
     return tracked("teacher", tracking, lambda: _run_teacher(params), params=p,
-                   data={"policy": p.policy, "retriever": p.retriever, **data})
+                   data={"policy": p.policy, **data})  # as the SFT stage: the retriever may be a URL
 
 
 def _run_teacher(params: Any) -> dict[str, float]:
