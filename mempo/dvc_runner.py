@@ -263,6 +263,9 @@ def reproduce(root: Path, force: bool, targets: list[str] | None, env: dict[str,
     side by side: what they need first, then the group (`run_side_by_side`), then the rest.
     With `single_item` (or `force`), each stage of `todo` runs once, as `targets` of
     `dvc repro --single-item`."""
+    if targets:  # `dvc repro TARGETS` runs what they need, not everything downstream of a change
+        wanted = upstream_of(stages, targets)
+        todo = [s for s in todo if s in wanted]
     for i, group in enumerate(groups):
         members = [s for s in group if s in todo]
         if len(members) < 2:

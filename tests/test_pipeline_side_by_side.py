@@ -153,3 +153,24 @@ def test_without_a_group_the_stages_run_one_after_the_other(tmp_path: Path, env:
     with pytest.raises(MempoError, match="dvc repro"):  # the first waits for a peer DVC runs only after it
         run_pipeline(root)
     assert len(_runs(root)) == 1
+
+
+def test_a_target_runs_only_what_it_needs_not_its_sibling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`mempo pipeline run a`: b is stale too, but `a` does not need it (the plan, not DVC)."""
+    from mempo.dvc_runner import reproduce
+    from mempo.pipeline import PipelineResult
+
+    calls: list[tuple] = []
+    monkeypatch.setattr("mempo.dvc_runner.repro", lambda root, force, targets, env, **kw: calls.append(
+        (force, targets, kw.get("single_item", False))))
+    monkeypatch.setattr("mempo.dvc_runner.run_side_by_side", lambda *a: calls.append(("side", a[2])))
+    stages = yaml.safe_load(_project(tmp_path / "p", [["a", "b"]]).joinpath("dvc.yaml").read_text())["stages"]
+    todo = ["prep", "a", "b", "join"]
+    reproduce(tmp_path, False, ["a"], {}, stages, todo, [["a", "b"]], PipelineResult(0.0, [], None))
+    assert calls == [(False, ["a"], False)]  # one plain `dvc repro a`
+    calls.clear()
+    reproduce(tmp_path, False, None, {}, stages, todo, [["a", "b"]], PipelineResult(0.0, [], None))
+    assert calls == [(False, ["prep"], False), ("side", ["a", "b"]), (False, None, False)]
+    calls.clear()
+    reproduce(tmp_path, True, todo, {}, stages, todo, [["a", "b"]], PipelineResult(0.0, [], None), single_item=True)
+    assert calls == [(True, ["prep"], True), ("side", ["a", "b"]), (True, ["join"], True)]
