@@ -18,20 +18,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     train = add_subparser(sub, "train", "train the policy: SFT cold start, then GRPO + memory advantage")
     tsub = train.add_subparsers(dest="train_command", metavar="TRAINER", required=True)
 
+    def teacher_inputs(parser: argparse.ArgumentParser, policy_help: str) -> None:
+        """The flags of what the teacher reads (`train teacher`, and `train sft` when it runs it)."""
+        parser.add_argument("--policy", default=None, help=f"{policy_help} (params: sft.policy)")
+        parser.add_argument("--world", default=None,
+                            help="knowledge world: its corpus names the renamed entities (params: sft.world)")
+        parser.add_argument("--data", default=None,
+                            help="prepared data folder with the teacher's sft.parquet / sft_val.parquet (params: data.out)")
+        parser.add_argument("--retriever", default=None, help="index folder, corpus .jsonl or http URL (params: sft.retriever)")
+
     teacher = add_subparser(tsub, "teacher", "the scripted teacher's correct episodes on the SFT tasks, for both SFT formats")
-    teacher.add_argument("--policy", default=None, help="policy folder whose tokenizer counts tokens (params: sft.policy)")
-    teacher.add_argument("--world", default=None, help="knowledge world: its corpus names the renamed entities (params: sft.world)")
-    teacher.add_argument("--data", default=None, help="prepared data folder with sft.parquet / sft_val.parquet (params: data.out)")
-    teacher.add_argument("--retriever", default=None, help="index folder, corpus .jsonl or http URL (params: sft.retriever)")
+    teacher_inputs(teacher, "policy folder whose tokenizer counts tokens")
     teacher.add_argument("--out", default=None, help="output folder (params: sft.teacher_out)")
     teacher.add_argument("--seed", type=int, default=None, help="seed of the entity renaming (params: sft.seed)")
     teacher.set_defaults(handler=_teacher)
 
     sft = add_subparser(tsub, "sft", "cold start on correct memory-format trajectories")
-    sft.add_argument("--policy", default=None, help="model folder to start from (params: sft.policy)")
-    sft.add_argument("--world", default=None, help="knowledge world: its corpus names the renamed entities (params: sft.world)")
-    sft.add_argument("--data", default=None, help="prepared data folder with the teacher's sft.parquet / sft_val.parquet (params: data.out)")
-    sft.add_argument("--retriever", default=None, help="index folder, corpus .jsonl or http URL (params: sft.retriever)")
+    teacher_inputs(sft, "model folder to start from")
     sft.add_argument("--trajectories", default=None, help="jsonl of trajectories instead of the teacher (params: sft.trajectories)")
     sft.add_argument("--out", default=None, help="output folder (params: sft.out)")
     sft.add_argument("--max-steps", type=int, default=None, help="optimiser steps (params: sft.max_steps)")
