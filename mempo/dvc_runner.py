@@ -290,6 +290,7 @@ def run_side_by_side(root: Path, force: bool, members: list[str], env: dict[str,
     (`start_beside`). DVC does the rest as always (run cache, dvc.lock). When one fails, the
     others are stopped (SIGINT first: a stage's MLflow run ends FAILED, nothing is recorded)."""
     lead, others = members[0], members[1:]
+    result.side_by_side.append(list(members))
     beside: list[BesideStage] = []
     failed: list[tuple[BesideStage, int]] = []
     lead_proc: list[subprocess.Popen[str]] = []

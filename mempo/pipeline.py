@@ -223,6 +223,7 @@ class PipelineResult:
         ran: stages whose command ran (from DVC's output), in order.
         planned: the stages expected to run (what `dvc status` and `--force` said).
         restored: stages DVC restored from its run cache instead of running them.
+        side_by_side: the groups of stages that ran at once (`pipeline.parallel_stages`).
     """
 
     seconds: float
@@ -234,6 +235,7 @@ class PipelineResult:
     notes: list[str] = field(default_factory=list)
     planned: list[str] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
+    side_by_side: list[list[str]] = field(default_factory=list)
 
 
 
@@ -378,13 +380,15 @@ def summarize(root: str | Path = ".", result: PipelineResult | None = None) -> l
     if result is not None:
         lines.extend(result.notes)
     if result is not None and result.parent_run_id:
-        lines.extend(_stage_time_lines(root, result.parent_run_id, result.seconds))
+        lines.extend(_stage_time_lines(root, result.parent_run_id, result.seconds, result.side_by_side))
     return lines
 
 
-def _stage_time_lines(root: Path, parent_run_id: str, total_s: float) -> list[str]:
+def _stage_time_lines(root: Path, parent_run_id: str, total_s: float,
+                      side_by_side: list[list[str]] | None = None) -> list[str]:
     """Each stage run's wall time (its `stage_wall_s` metric, named by its DVC stage), then the
-    rest of `total_s`: stages without an MLflow run (world, validation, index, policy) and DVC."""
+    rest of `total_s`: stages without an MLflow run (world, validation, index, policy) and DVC.
+    Stages that ran side by side count once in the rest, as the longest of them."""
     from mempo.tracking import stage_wall_times
 
     try:
@@ -393,6 +397,13 @@ def _stage_time_lines(root: Path, parent_run_id: str, total_s: float) -> list[st
         return [f"Stage times: not available ({e})"]
     if not times:
         return []
-    rest = max(total_s - sum(times.values()), 0.0)
-    return (["Stage times (wall):"] + [f"  {name:<16} {seconds:8.1f} s" for name, seconds in times.items()]
+    overlap = 0.0
+    for group in side_by_side or []:
+        ts = [times[s] for s in group if s in times]
+        overlap += sum(ts) - max(ts, default=0.0)
+    rest = max(total_s - sum(times.values()) + overlap, 0.0)
+    beside = {s: g for g in side_by_side or [] for s in g}
+    return (["Stage times (wall):"]
+            + [f"  {name:<16} {seconds:8.1f} s" + (f"  (side by side with {', '.join(x for x in beside[name] if x != name)})"
+                                                   if name in beside else "") for name, seconds in times.items()]
             + [f"  {'other':<16} {rest:8.1f} s  (world, validation, index, policy: no MLflow run; dvc)"])

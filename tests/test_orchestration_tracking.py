@@ -106,6 +106,10 @@ def test_stage_wall_time_is_a_metric_and_in_the_pipeline_summary(mlflow_uri: str
     assert lines[0] == "Stage times (wall):"
     assert lines[1].split() == ["sft", f"{times['sft']:.1f}", "s"]
     assert lines[-1].split()[:2] == ["other", f"{10.0 - sum(times.values()):.1f}"]
+    # run side by side, the two count once in the rest: as the longer of them
+    lines = _stage_time_lines(tmp_path, parent_id, total_s=10.0, side_by_side=[["sft", "train"]])
+    assert lines[1].endswith("(side by side with train)")
+    assert lines[-1].split()[:2] == ["other", f"{10.0 - max(times.values()):.1f}"]
 
 
 def test_stage_wall_times_name_runs_by_dvc_stage_and_keep_repeated_names(

@@ -92,7 +92,7 @@ def test_a_stale_group_runs_side_by_side_and_is_committed(tmp_path: Path, env: N
 
     root = _project(tmp_path / "proj", [["a", "b"]])
     result = run_pipeline(root)
-    assert sorted(result.ran) == ["a", "b", "join", "prep"]
+    assert sorted(result.ran) == ["a", "b", "join", "prep"] and result.side_by_side == [["a", "b"]]
     assert (root / "j.txt").read_text() == "ap\nbp\n"  # both waited for the other: they overlapped
     assert (root / "started_b").read_text() == "b"  # DVC_STAGE, as DVC sets it
     assert "b: 50%" in (root / "outputs" / "logs" / "b.log").read_text()
