@@ -1,10 +1,11 @@
 """SFT data: the scripted teacher's correct episodes on the data stage's SFT tasks, with
 entity renaming, or episodes read from a jsonl, as the SFT stage's training samples.
 
-    from mempo.training.sft_data import sft_samples, teacher_records
+    from mempo.training.sft_data import run_teacher, sft_samples, teacher_records
     train, val, stats = sft_samples(params, tokenizer)          # what `mempo train sft` trains on
     with open_retriever("data/world/corpus.jsonl") as r:
         train_r, val_r, stats = teacher_records(params, tokenizer, r)   # episode records only
+    run_teacher(params)     # `mempo train teacher`: the records to sft.teacher_out (dvc.yaml's teacher stage)
 
 Tasks are the data stage's SFT split (`data.out/sft.parquet`, `sft_val.parquet`, written by
 `mempo data prepare` from the world's questions: `mempo.data.sft_split`); the teacher
