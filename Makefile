@@ -39,11 +39,15 @@ ablate: setup ## ablations as DVC experiments on the tiny profile (lambda_mem=0,
 test: setup ## run the test suite (MEMPO_FAST=1 skips tests marked slow)
 	$(BIN)/python -m pytest $(if $(MEMPO_FAST),-m "not slow",) $(PYTEST_ARGS)
 
+# The self-contained benchmarks. Not here: search_r1_cpu.py (the baseline server retrieval.py
+# starts with --baseline-cmd) and side_by_side.py (needs a finished `make run`: --root .).
+BENCHES := context decode learning retrieval validation verl_plugin
+
 bench: setup ## run the benchmarks in full (writes benchmarks/results/*.json)
-	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in $(BENCHES); do echo "== benchmarks/$$b.py"; $(BIN)/python benchmarks/$$b.py || exit 1; done
 
 bench-quick: setup ## run the benchmarks with --quick
-	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done
+	@for b in $(BENCHES); do echo "== benchmarks/$$b.py"; $(BIN)/python benchmarks/$$b.py --quick || exit 1; done
 
 train-verl: setup ## MemPO on verl 0.9.1 + Ray + GPUs (needs GPUs; see docs/scale.md); VERL_ARGS="--ray-address auto ..."
 	$(BIN)/mempo train verl $(VERL_ARGS)
