@@ -195,6 +195,42 @@ def repro(root: Path, force: bool, targets: list[str] | None, extra_env: dict[st
         raise MempoError(f"`dvc {' '.join(cmd[1:])}` failed (exit {returncode}); see the stage output above")
 
 
+class RelayLines:
+    """What a stage running beside another prints of its output (`start_beside`): DVC's lines
+    saying a stage runs, was restored or failed, each once and at once, prefixed `[NAME]`; of
+    the rest only the newest line, at most every `every_s` seconds, and the last one at the end.
+    Lines end at \\n or \\r (progress bars redraw with \\r); a chunk may end mid-line."""
+
+    def __init__(self, name: str, result: PipelineResult | None, every_s: float,
+                 out: Callable[[str], None] = lambda s: print(s, flush=True)) -> None:
+        self.name, self.result, self.every_s, self.out = name, result, every_s, out
+        self.carry, self.pending, self.last_print = "", "", -float("inf")
+
+    def feed(self, chunk: bytes) -> None:
+        *lines, self.carry = re.split(r"[\r\n]", self.carry + chunk.decode("utf-8", "replace"))
+        for line in lines:
+            self._line(line)
+        if self.pending and time.monotonic() - self.last_print >= self.every_s:
+            self.out(f"[{self.name}] {self.pending.strip()[-160:]}")
+            self.last_print, self.pending = time.monotonic(), ""
+
+    def _line(self, line: str) -> None:
+        _record(line, self.result)
+        if _RAN.match(line) or _RESTORED.match(line) or line.startswith("ERROR"):
+            self.out(f"[{self.name}] {line.strip()[-300:]}")  # what happened: always, once
+            self.pending = ""
+        elif line.strip():
+            self.pending = line
+
+    def close(self) -> None:
+        if self.carry:
+            self._line(self.carry)
+            self.carry = ""
+        if self.pending:
+            self.out(f"[{self.name}] {self.pending.strip()[-160:]}")
+            self.pending = ""
+
+
 @dataclass
 class BesideStage:
     """A `dvc repro --single-item` of one stage running beside another (see `start_beside`)."""
@@ -233,23 +269,13 @@ def start_beside(root: Path, name: str, force: bool, extra_env: dict[str, str], 
 
     def relay() -> None:
         assert proc.stdout is not None
-        last_print, pending, carry = 0.0, "", ""
+        lines = RelayLines(name, result, progress_every_s)
         with open(log, "wb") as fh:
             for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
                 fh.write(chunk)
                 fh.flush()
-                *lines, carry = re.split(r"[\r\n]", carry + chunk.decode("utf-8", "replace"))
-                for line in lines:
-                    _record(line, result)
-                    if _RAN.match(line) or _RESTORED.match(line) or line.startswith("ERROR"):
-                        print(f"[{name}] {line.strip()[-300:]}", flush=True)  # what happened: always
-                pending = next((x for x in reversed(lines) if x.strip()), pending)
-                if pending and time.monotonic() - last_print >= progress_every_s:
-                    print(f"[{name}] {pending.strip()[-160:]}", flush=True)
-                    last_print, pending = time.monotonic(), ""
-        _record(carry, result)
-        if pending or carry.strip():
-            print(f"[{name}] {(carry.strip() or pending.strip())[-160:]}", flush=True)
+                lines.feed(chunk)
+        lines.close()
 
     thread = threading.Thread(target=relay, name=f"relay-{name}", daemon=True)
     thread.start()

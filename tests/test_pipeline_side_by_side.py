@@ -174,3 +174,25 @@ def test_a_target_runs_only_what_it_needs_not_its_sibling(tmp_path: Path, monkey
     calls.clear()
     reproduce(tmp_path, True, todo, {}, stages, todo, [["a", "b"]], PipelineResult(0.0, [], None), single_item=True)
     assert calls == [(True, ["prep"], True), ("side", ["a", "b"]), (True, ["join"], True)]
+
+
+def test_relayed_output_prints_what_happened_once_and_progress_throttled() -> None:
+    from mempo.dvc_runner import RelayLines
+    from mempo.pipeline import PipelineResult
+
+    out: list[str] = []
+    result = PipelineResult(0.0, [], None)
+    relay = RelayLines("b", result, every_s=1000.0, out=out.append)
+    relay.feed(b"Running st")  # a chunk may end mid-line
+    relay.feed(b"age 'b':\n")
+    assert out == ["[b] Running stage 'b':"] and result.ran == ["b"]
+    relay.feed(b"> python stage.py b\n10%\r20%\r")
+    assert out[1:] == ["[b] 20%"]  # the newest line, the first time at once
+    relay.feed(b"30%\r40%\r")
+    assert len(out) == 2  # then at most every `every_s`
+    relay.feed(b"ERROR: failed to reproduce 'b'\n")
+    relay.feed(b"Stage 'c' is cached - skipping run\nlast words")
+    relay.close()
+    assert out[2:] == ["[b] ERROR: failed to reproduce 'b'", "[b] Stage 'c' is cached - skipping run",
+                       "[b] last words"]
+    assert result.restored == ["c"] and sum("Running stage" in x for x in out) == 1
