@@ -53,23 +53,24 @@ def run_stages(names: tuple[str, ...], side_by_side: bool, work: Path, root: Pat
     env = {**os.environ, "MEMPO_TRACKING": "0", "PYTHONPATH": str(REPO)}
     procs: dict[str, tuple[subprocess.Popen[bytes], float]] = {}
     times: dict[str, float] = {}
-    t0 = time.perf_counter()
-    for name in names:
-        out = work / name
-        log = open(work / f"{name}.log", "wb")  # noqa: SIM115 - closed when the process ends
-        p = subprocess.Popen(stage_command(name, steps, out, teacher), cwd=root, env=env, stdout=log,
-                             stderr=subprocess.STDOUT)
-        procs[name] = (p, time.perf_counter())
-        if not side_by_side:
-            if p.wait() != 0:
-                raise SystemExit(f"{name} failed: see {work / f'{name}.log'}")
-            times[name] = time.perf_counter() - procs[name][1]
-    for name, (p, start) in procs.items():
-        if name in times:
-            continue
+
+    def finish(name: str) -> None:
+        p, start = procs[name]
         if p.wait() != 0:
             raise SystemExit(f"{name} failed: see {work / f'{name}.log'}")
         times[name] = time.perf_counter() - start
+
+    t0 = time.perf_counter()
+    for name in names:
+        with open(work / f"{name}.log", "wb") as log:  # the child keeps its own copy of the handle
+            p = subprocess.Popen(stage_command(name, steps, work / name, teacher), cwd=root, env=env, stdout=log,
+                                 stderr=subprocess.STDOUT)
+        procs[name] = (p, time.perf_counter())
+        if not side_by_side:
+            finish(name)
+    for name in names:
+        if name not in times:
+            finish(name)
     times["wall"] = time.perf_counter() - t0
     for name in names:
         m = json.loads((work / name / "metrics.json").read_text())

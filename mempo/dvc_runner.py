@@ -239,7 +239,6 @@ class BesideStage:
     proc: subprocess.Popen[bytes]
     log: Path
     relay: threading.Thread
-    result: PipelineResult | None
 
     def wait(self) -> int:
         rc = self.proc.wait()
@@ -279,7 +278,7 @@ def start_beside(root: Path, name: str, force: bool, extra_env: dict[str, str], 
 
     thread = threading.Thread(target=relay, name=f"relay-{name}", daemon=True)
     thread.start()
-    return BesideStage(name, proc, log, thread, result)
+    return BesideStage(name, proc, log, thread)
 
 
 def reproduce(root: Path, force: bool, targets: list[str] | None, env: dict[str, str], stages: dict[str, Any],
