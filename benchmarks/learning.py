@@ -26,7 +26,7 @@ singles, world-k2 and world-k4 tasks for every variant (the untrained policy, wh
 to the turn cap, on the first `--untrained-n` of each).
 
 Reported per variant and k: EM, objective EM, forgetting rate, format validity, peak and
-mean prompt tokens per turn; the paired MemPO - GRPO difference per k with a bootstrap 95%
+mean prompt tokens per turn, how the episodes ended (`mempo.evaluation.outcomes`); the paired MemPO - GRPO difference per k with a bootstrap 95%
 interval (tasks and seeds resampled); RL reward curves (mean over seeds) and EM against k as
 PNGs. Writes benchmarks/results/learning.json, learning_curves.png, learning_em_vs_k.png
 (and learning_curves_per_k.png: rollout EM on the singles and the k=2 tasks while RL trains).
@@ -203,6 +203,7 @@ def evaluate_model(model_dir: Path, agent: str, tasks: dict[str, list[Any]], cor
     from mempo.evaluation.agent_runner import evaluate_items
     from mempo.evaluation.engine import load_engine
     from mempo.evaluation.metrics import aggregate_pair
+    from mempo.evaluation.outcomes import outcome_shares
     from mempo.evaluation.settings import EvalSettings
 
     p = _params({"eval.memory_probe": False, "eval.rollout.max_concurrent_episodes": 64, "eval.device": device})
@@ -219,6 +220,7 @@ def evaluate_model(model_dir: Path, agent: str, tasks: dict[str, list[Any]], cor
         agg = aggregate_pair(part)
         agg["mean_prompt_tokens"] = statistics.fmean(
             n for r in part for n in r["prompt_tokens_by_turn"]) if part else 0.0
+        agg["outcomes"] = outcome_shares(part)
         per_task = {r["id"]: {m: (None if _nan(r.get(m)) else float(r[m]))
                               for m in ("em", "objective_em", "forgetting_rate")} for r in part}
         out[bench] = {"aggregate": agg, "per_task": per_task}
@@ -316,6 +318,17 @@ def _stats(values: list[float]) -> dict[str, Any]:
             "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "per_seed": values}
 
 
+def mean_outcomes(per_run: list[dict[str, float] | None]) -> dict[str, float] | None:
+    """How the episodes ended (`mempo.evaluation.outcomes`), shares averaged over the runs
+    (None when a run predates the outcome shares)."""
+    from mempo.evaluation.outcomes import OUTCOMES
+
+    if not per_run or any(s is None for s in per_run):
+        return None
+    means = {o: statistics.fmean(s.get(o, 0.0) for s in per_run) for o in OUTCOMES}
+    return {o: round(m, 4) for o, m in means.items() if m}
+
+
 def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
     """The JSON written to `--out`: per variant and set, per-seed metrics with mean and std;
     paired differences with intervals; curves; timings."""
@@ -329,6 +342,7 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
         for bench in BENCHES:
             table[v][bench] = {m: _stats([r["eval"][bench]["aggregate"].get(m) for r in runs]) for m in REPORTED}
             table[v][bench]["n"] = runs[0]["eval"][bench]["aggregate"].get("n")
+            table[v][bench]["outcomes"] = mean_outcomes([r["eval"][bench]["aggregate"].get("outcomes") for r in runs])
     from mempo.evaluation.stats import paired_bootstrap
 
     paired: dict[str, dict[str, Any]] = {}

@@ -102,7 +102,7 @@ def test_report_holds_exactly_the_metrics_json_numbers(tmp_path: Path) -> None:
         assert printed[key] == format_value(value, metric)
     assert format_value(301.4375, "peak_prompt_tokens") == "301.4" and format_value(0.123456, "em") == "0.123"
     assert format_value(12, "turns") == "12" and format_value(1.0, "em") == "1.000"
-    assert set(plots) == {"prompt_tokens_by_turn", "em_vs_k", "peak_prompt_tokens_vs_k", "em_by_benchmark"}
+    assert set(plots) == {"prompt_tokens_by_turn", "em_vs_k", "peak_prompt_tokens_vs_k", "em_by_benchmark", "outcomes"}
     for p in plots.values():
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = html_path.read_text()
@@ -137,3 +137,40 @@ def test_world_stands_for_k1_in_the_k_plots(tmp_path: Path) -> None:
     assert "em_vs_k" in plots and "peak_prompt_tokens_vs_k" in plots
     only_world = [r for r in rows if r["benchmark"] == "world"]
     assert "em_vs_k" not in write_plots(tmp_path / "w", aggregate(only_world), only_world)
+
+
+def test_episode_outcomes_by_hand(tmp_path: Path) -> None:
+    from mempo.evaluation.outcomes import OUTCOMES, episode_outcome, outcome_shares
+
+    k2 = dict(k=2, objective_em=0.0, all_correct=0.0)
+    cases = {
+        "correct": _row("memory", "world-k2", em=1.0, prediction="a; b", **{**k2, "objective_em": 1.0}),
+        "partly correct": _row("memory", "world-k2", prediction="a; x", **{**k2, "objective_em": 0.5}),
+        "wrong": _row("memory", "world-k2", prediction="x; y", **k2),
+        "wrong count": _row("memory", "world-k2", prediction="a", **{**k2, "objective_em": 0.5}),
+        "no answer": _row("memory", "world-k2", prediction="", format_valid=0.0, **k2),
+        "turn limit": _row("memory", "world-k2", prediction="", hit_turn_limit=1.0, **k2),
+        # a truncated episode is scored wrong whatever it answered
+        "context limit": _row("memory", "world-k2", prediction="a; b", truncated=1.0, **k2),
+    }
+    for expected, row in cases.items():
+        assert episode_outcome(row) == expected, expected
+    # k = 1: one part is the right count, a wrong answer is "wrong"
+    assert episode_outcome(_row("memory", "world", prediction="x")) == "wrong"
+    assert episode_outcome(_row("memory", "world", prediction="x", em=1.0)) == "correct"
+    rows = [*cases.values(), cases["turn limit"]]
+    shares = outcome_shares(rows)
+    assert list(shares) == list(OUTCOMES)
+    assert shares["turn limit"] == 2 / 8 and shares["correct"] == 1 / 8
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert outcome_shares([]) == {}
+
+    flat = aggregate(rows)
+    plots = write_plots(tmp_path / "plots", flat, rows)
+    assert plots["outcomes"].stat().st_size > 0
+    md_path, _ = write_report(tmp_path, flat, plots=plots, rows=rows)
+    md = md_path.read_text()
+    line = next(x for x in md.splitlines() if x.startswith("| world-k2 | memory |"))
+    assert line.split("|")[2:-1][1:] == [" 0.125 ", " 0.125 ", " 0.125 ", " 0.125 ", " 0.125 ", " 0.250 ", " 0.125 "]
+    # the outcome table is not read back as metrics of a benchmark
+    assert parse_report_tables(md) == {k: format_value(v, k.split("/")[2]) for k, v in flat.items()}

@@ -51,6 +51,8 @@ def test_paired_differences_use_the_seeds_both_variants_ran(learning, tmp_path):
     assert f["seeds"] == [0] and f["k4/em"]["mean"] == pytest.approx(-0.5)
     assert out["results"]["full"]["k2"]["em"]["per_seed"] == [1.0]
     assert len(out["results"]["mempo"]["k2"]["em"]["per_seed"]) == 3
+    # jobs from before the outcome shares: none reported rather than a partial mean
+    assert out["results"]["mempo"]["k2"]["outcomes"] is None
     learning.print_table(out)  # the table skips the seed lists
 
 
@@ -108,7 +110,7 @@ def test_the_study_evaluates_with_the_eval_stages_own_code(learning, tiny_world:
     for bench, items in tasks.items():
         part = [r for r in rows if r["benchmark"] == bench]
         agg = ev[bench]["aggregate"]
-        wall = ("mean_prompt_tokens", "latency_s")  # the study's own mean; wall-clock time
+        wall = ("mean_prompt_tokens", "latency_s", "outcomes")  # the study's own mean; wall-clock time; below
         assert {k: v for k, v in agg.items() if k not in wall} == {
             k: v for k, v in aggregate_pair(part).items() if k not in wall}
         assert agg["mean_prompt_tokens"] == pytest.approx(
@@ -117,7 +119,10 @@ def test_the_study_evaluates_with_the_eval_stages_own_code(learning, tiny_world:
         assert {t: d["em"] for t, d in ev[bench]["per_task"].items()} == {r["id"]: r["em"] for r in part}
     # what the study reports per set exists: EM, objective EM / all-correct / forgetting on k > 1
     assert {"em", "format_valid", "peak_prompt_tokens", "turns", "mean_prompt_tokens"} <= set(ev["single"]["aggregate"])
-    assert ev["k2"]["aggregate"]["turns"] > 1  # episodes of more than one turn, up to the cap of 4
+    assert ev["k2"]["aggregate"]["turns"] > 1
+    from mempo.evaluation.outcomes import outcome_shares
+    assert {b: ev[b]["aggregate"]["outcomes"] for b in tasks} == {
+        b: outcome_shares(r for r in rows if r["benchmark"] == b) for b in tasks}  # episodes of more than one turn, up to the cap of 4
     assert {"objective_em", "all_correct", "forgetting_rate"} <= set(ev["k2"]["aggregate"])
     assert all(d["objective_em"] is None for d in ev["single"]["per_task"].values())
 
@@ -141,3 +146,9 @@ def test_from_pipeline_reads_a_finished_run_and_names_what_is_missing(learning, 
     inputs = learning.pipeline_inputs(tmp_path)
     assert inputs["sft-memory"] == tmp_path / p.sft.out / "model"
     assert inputs["data"] == tmp_path / p.data.out and inputs["corpus"].name == "corpus.jsonl"
+
+
+def test_outcome_shares_average_over_seeds(learning):
+    m = learning.mean_outcomes([{"correct": 0.5, "turn limit": 0.5}, {"correct": 0.25, "wrong": 0.75}])
+    assert m == {"correct": 0.375, "wrong": 0.375, "turn limit": 0.25}
+    assert learning.mean_outcomes([{"correct": 1.0}, None]) is None

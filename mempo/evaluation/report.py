@@ -15,7 +15,10 @@ Plots (matplotlib Agg):
   the other multi-turn agents), on the benchmark with the most objectives;
 - `em_vs_k.png` and `peak_prompt_tokens_vs_k.png`: over the `world-k*` benchmarks (`world`
   stands for k = 1 when `world-k1` was not evaluated);
-- `em_by_benchmark.png`: EM per benchmark, one bar per agent.
+- `em_by_benchmark.png`: EM per benchmark, one bar per agent;
+- `outcomes.png`: how the episodes of each agent and benchmark ended (`mempo.evaluation.outcomes`:
+  correct, partly correct, wrong, wrong number of answers, no answer, turn limit, context limit),
+  also a table in the report.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 from mempo.evaluation.benchmarks import objectives_k
 from mempo.evaluation.metrics import nested, prompt_tokens_by_turn
+from mempo.evaluation.outcomes import OUTCOMES, outcome_shares
 from mempo.io import atomic_path, write_text
 
 # The per-benchmark tables: answer quality, then cost; anything else found follows in the cost table.
@@ -40,6 +44,8 @@ COST_METRICS = ("turns", "searches", "peak_prompt_tokens", "peak_prompt_tokens_m
 TABLE_METRICS = QUALITY_METRICS + COST_METRICS
 MULTI_TURN_AGENTS = ("memory", "full_context", "external_memory")
 AGENT_ORDER = ("memory", "full_context", "external_memory", "rag", "direct")
+OUTCOME_COLORS = {"correct": "#2e7d32", "partly correct": "#9ccc65", "wrong": "#e57373", "wrong count": "#ffb74d",
+                  "no answer": "#90a4ae", "turn limit": "#7e57c2", "context limit": "#424242"}
 # Metrics that are rates in [0, 1] (printed to 3 places); latencies to 2; counts to 1.
 RATE_METRICS = frozenset({"em", "f1", "substring_em", "objective_em", "all_correct", "format_valid",
                           "forgetting_rate", "forgetting_rate_seen", "memory_probe", "truncated",
@@ -167,7 +173,36 @@ def write_plots(
         ax.legend(fontsize="small")
         out["em_by_benchmark"] = _save(fig, plots_dir / "em_by_benchmark.png")
         plt.close(fig)
+
+    # How the episodes ended, one stacked bar per (benchmark, agent).
+    shares = _outcome_table(rows, agents, benches)
+    if shares:
+        labels = [f"{b} · {a}" for b, a, _ in shares]
+        fig, ax = plt.subplots(figsize=(8, 0.32 * len(shares) + 1.6))
+        left = [0.0] * len(shares)
+        for outcome in OUTCOMES:
+            vals = [s.get(outcome, 0.0) for _, _, s in shares]
+            if any(vals):
+                ax.barh(range(len(shares)), vals, left=left, color=OUTCOME_COLORS[outcome], label=outcome)
+                left = [x + v for x, v in zip(left, vals, strict=True)]
+        ax.set_yticks(range(len(shares)), labels, fontsize="small")
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("share of episodes")
+        ax.set_title("How the episodes ended")
+        ax.legend(fontsize="small", ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / len(shares)))
+        out["outcomes"] = _save(fig, plots_dir / "outcomes.png")
+        plt.close(fig)
     return out
+
+
+def _outcome_table(rows: Sequence[Mapping[str, Any]] | None, agents: Sequence[str],
+                   benches: Sequence[str]) -> list[tuple[str, str, dict[str, float]]]:
+    """(benchmark, agent, outcome shares) for every pair with rows, benchmarks in report order."""
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in rows or ():
+        groups.setdefault((str(r["benchmark"]), str(r["agent"])), []).append(r)
+    return [(b, a, outcome_shares(groups[(b, a)])) for b in benches for a in agents if (b, a) in groups]
 
 
 def _md_table(header: Sequence[str], body: Sequence[Sequence[str]], left: int = 1) -> list[str]:
@@ -295,6 +330,16 @@ def render_markdown(
                        for m in cols)] for a in agents if bench in table[a]],
             )
             lines.append("")
+    outcomes = _outcome_table(rows, agents, benches)
+    if outcomes:
+        lines += ["## How the episodes ended", "",
+                  "Share of each agent's episodes per outcome (`mempo.evaluation.outcomes`): `wrong count` "
+                  "answered with a number of `;`-separated parts other than k, `no answer` ended without "
+                  "`<answer>` (an invalid turn or an error), `turn limit` ran out of turns.", ""]
+        lines += _md_table(["benchmark", "agent", *OUTCOMES],
+                           [[b, a, *(format_value(s.get(o, 0.0)) for o in OUTCOMES)] for b, a, s in outcomes],
+                           left=2)
+        lines.append("")
     if plots:
         lines += ["## Plots", ""]
         for name, path in plots.items():
