@@ -176,6 +176,29 @@ def test_a_target_runs_only_what_it_needs_not_its_sibling(tmp_path: Path, monkey
     assert calls == [(True, ["prep"], True), ("side", ["a", "b"]), (True, ["join"], True)]
 
 
+
+def test_groups_run_in_turn_each_after_what_it_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two groups (as [[sft, sft_full], [train, train_full]] would be): the second pair runs
+    side by side after the first, then the rest (the plan, not DVC)."""
+    from mempo.dvc_runner import reproduce
+    from mempo.pipeline import PipelineResult
+
+    calls: list[tuple] = []
+    monkeypatch.setattr("mempo.dvc_runner.repro", lambda root, force, targets, env, **kw: calls.append(
+        (force, targets, kw.get("single_item", False))))
+    monkeypatch.setattr("mempo.dvc_runner.run_side_by_side", lambda *a: calls.append(("side", a[2])))
+    stages = {"prep": {"cmd": "x", "outs": ["p"]}, "a": {"cmd": "x", "deps": ["p"], "outs": ["a"]},
+              "b": {"cmd": "x", "deps": ["p"], "outs": ["b"]}, "c": {"cmd": "x", "deps": ["a"], "outs": ["c"]},
+              "d": {"cmd": "x", "deps": ["b"], "outs": ["d"]}, "join": {"cmd": "x", "deps": ["c", "d"], "outs": ["j"]}}
+    todo = ["prep", "a", "b", "c", "d", "join"]
+    reproduce(tmp_path, False, None, {}, stages, todo, [["a", "b"], ["c", "d"]], PipelineResult(0.0, [], None))
+    assert calls == [(False, ["prep"], False), ("side", ["a", "b"]), ("side", ["c", "d"]), (False, None, False)]
+    calls.clear()
+    # only c and d stale (a changed parameter of both): the second group alone, then join
+    reproduce(tmp_path, False, None, {}, stages, ["c", "d", "join"], [["a", "b"], ["c", "d"]],
+              PipelineResult(0.0, [], None))
+    assert calls == [("side", ["c", "d"]), (False, None, False)]
+
 def test_relayed_output_prints_what_happened_once_and_progress_throttled() -> None:
     from mempo.dvc_runner import RelayLines
     from mempo.pipeline import PipelineResult
