@@ -176,7 +176,6 @@ def test_a_target_runs_only_what_it_needs_not_its_sibling(tmp_path: Path, monkey
     assert calls == [(True, ["prep"], True), ("side", ["a", "b"]), (True, ["join"], True)]
 
 
-
 def test_groups_run_in_turn_each_after_what_it_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two groups (as [[sft, sft_full], [train, train_full]] would be): the second pair runs
     side by side after the first, then the rest (the plan, not DVC)."""
@@ -198,6 +197,7 @@ def test_groups_run_in_turn_each_after_what_it_needs(tmp_path: Path, monkeypatch
     reproduce(tmp_path, False, None, {}, stages, ["c", "d", "join"], [["a", "b"], ["c", "d"]],
               PipelineResult(0.0, [], None))
     assert calls == [("side", ["c", "d"]), (False, None, False)]
+
 
 def test_relayed_output_prints_what_happened_once_and_progress_throttled() -> None:
     from mempo.dvc_runner import RelayLines
