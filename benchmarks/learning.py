@@ -28,8 +28,9 @@ to the turn cap, on the first `--untrained-n` of each).
 Reported per variant and k: EM, objective EM, forgetting rate, format validity, peak and
 mean prompt tokens per turn, how the episodes ended (`mempo.evaluation.outcomes`); the paired
 MemPO - GRPO difference per k with a bootstrap 95% interval (tasks and seeds resampled); RL
-reward curves (mean over seeds) and EM against k as PNGs. Writes benchmarks/results/learning.json, learning_curves.png, learning_em_vs_k.png
-(and learning_curves_per_k.png: rollout EM on the singles and the k=2 tasks while RL trains).
+reward curves (mean over seeds) and EM against k as PNGs. Writes benchmarks/results/learning.json,
+learning_curves.png, learning_em_vs_k.png (and learning_curves_per_k.png: rollout EM on the
+singles and the k=2 tasks while RL trains).
 Jobs run in `--jobs` single-threaded processes; a finished job's result is kept in
 `--workdir`, so a killed study resumes where it stopped.
 """

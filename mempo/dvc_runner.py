@@ -211,8 +211,12 @@ class RelayLines:
         for line in lines:
             self._line(line)
         if self.pending and time.monotonic() - self.last_print >= self.every_s:
-            self.out(f"[{self.name}] {self.pending.strip()[-160:]}")
-            self.last_print, self.pending = time.monotonic(), ""
+            self._print_pending()
+            self.last_print = time.monotonic()
+
+    def _print_pending(self) -> None:
+        self.out(f"[{self.name}] {self.pending.strip()[-160:]}")
+        self.pending = ""
 
     def _line(self, line: str) -> None:
         _record(line, self.result)
@@ -227,8 +231,7 @@ class RelayLines:
             self._line(self.carry)
             self.carry = ""
         if self.pending:
-            self.out(f"[{self.name}] {self.pending.strip()[-160:]}")
-            self.pending = ""
+            self._print_pending()
 
 
 @dataclass
