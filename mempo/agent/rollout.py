@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 from mempo.agent import step as turn_step
@@ -87,6 +88,7 @@ class TurnRequest:
     prompt_ids: list[int]
     last_parsed: ParsedTurn | None
     last_observation: str | None
+    repeats: bool = False  # this prompt is one the episode already had (a greedy policy would loop)
 
 
 class TurnPolicy(Protocol):
@@ -219,23 +221,49 @@ def full_context_messages(episode: Episode, turn_index: int, system_prompt: str 
     return turn_step.full_context_messages(episode.question, episode.turns[:turn_index], system_prompt)  # type: ignore[arg-type]
 
 
+def repeat_seed(seed: int, episode_id: str, turn_index: int) -> int:
+    """The sampling seed of a repeated turn: a function of the episode and the turn only, so
+    the turn's sample does not depend on which other episodes share its batch."""
+    return zlib.crc32(f"{seed}:{episode_id}:{turn_index}".encode())
+
+
 class GeneratorPolicy:
     """A `TurnPolicy` over a `Generator`: concurrent turns are batched into one call.
 
     The generator runs in a worker thread, so tool calls of other episodes proceed while
     it generates; requests that arrive meanwhile form the next batch.
+
+    Args:
+        generator: the engine.
+        sampling: the settings of every turn.
+        max_batch: most turns in one `generate` call.
+        repeat_temperature: with greedy `sampling` (temperature 0), a turn whose prompt repeats
+            an earlier prompt of its episode (`TurnRequest.repeats`) would repeat the earlier
+            turn and everything after it, a cycle that lasts until the turn limit. Such a turn
+            is sampled at this temperature instead, alone, seeded by `repeat_seed` (the same
+            episode gives the same result at any batch size); 0 = decode it greedily too.
+        seed: the base of the repeated turns' seeds.
     """
 
-    def __init__(self, generator: Generator, sampling: SamplingParams, max_batch: int = 64) -> None:
+    def __init__(self, generator: Generator, sampling: SamplingParams, max_batch: int = 64,
+                 repeat_temperature: float = 0.0, seed: int = 0) -> None:
         self.generator = generator
         self.sampling = sampling
         self.max_batch = max_batch
-        self._pending: list[tuple[list[int], asyncio.Future[Generation]]] = []
+        self.repeat_temperature = repeat_temperature
+        self.seed = seed
+        self.resampled = 0  # repeated turns sampled so far
+        self._pending: list[tuple[list[int], asyncio.Future[Generation], SamplingParams | None]] = []
         self._worker: asyncio.Task[None] | None = None
 
     async def respond(self, request: TurnRequest) -> Generation:
         fut: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        self._pending.append((request.prompt_ids, fut))
+        own: SamplingParams | None = None
+        if request.repeats and self.repeat_temperature > 0 and self.sampling.temperature == 0:
+            own = replace(self.sampling, temperature=self.repeat_temperature,
+                          seed=repeat_seed(self.seed, request.episode_id, request.turn_index))
+            self.resampled += 1
+        self._pending.append((request.prompt_ids, fut, own))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         return await fut
@@ -245,7 +273,12 @@ class GeneratorPolicy:
             await asyncio.sleep(0)  # let every episode that is ready enqueue its turn
             batch = self._pending[: self.max_batch]
             del self._pending[: len(batch)]
-            await generate_batch(self.generator, self.sampling, batch)
+            shared = [(p, f) for p, f, own in batch if own is None]
+            if shared:
+                await generate_batch(self.generator, self.sampling, shared)
+            for p, f, own in batch:  # seeded per turn: each alone
+                if own is not None:
+                    await generate_batch(self.generator, own, [(p, f)])
 
 
 async def generate_batch(generator: Generator, sampling: SamplingParams,
@@ -284,6 +317,7 @@ async def run_episode(
     )
     reader = ArticleReader()
     steps = EpisodeSteps(ctx, cfg.turn_budget(len(ep.objectives)), check_masks=cfg.check_masks)
+    seen: set[tuple[int, ...]] = set()
     while not steps.finished:
         msgs = steps.messages()
         prompt_ids = tokenizer.encode(render_prompt(tokenizer, msgs), add_special_tokens=False)
@@ -291,8 +325,11 @@ async def run_episode(
             ep.hit_context_limit = True
             break
         last = steps.turns[-1] if steps.turns else None
+        key = tuple(prompt_ids)
         gen = await policy.respond(TurnRequest(ep.episode_id, item, len(steps.turns), msgs, prompt_ids,
-                                               last.parsed if last else None, last.observation if last else None))
+                                               last.parsed if last else None, last.observation if last else None,
+                                               repeats=key in seen))
+        seen.add(key)
         step = steps.take(gen.token_ids, tokenizer)
         if step.request is not None:
             steps.observe(*await call_tool(env, step.request, reader))

@@ -33,6 +33,7 @@ class RolloutParams(Section):
     max_new_tokens: int = Field(512, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    repeat_temperature: float = Field(0.0, ge=0.0)
     check_masks: bool = True
     decoder: Literal["fast", "hf"] = "fast"
 
@@ -53,7 +54,7 @@ def _overrides_model(name: str, doc: str, **defaults: Any) -> type[Section]:
 EvalRollout = _overrides_model(
     "EvalRollout", "`eval.rollout`: where evaluation episodes differ from `rollout:`.",
     max_concurrent_episodes=32, max_prompt_tokens=4096, observation_max_tokens=256, max_new_tokens=192,
-    temperature=0.0)
+    temperature=0.0, repeat_temperature=1.0)
 # Training: shorter turns than `rollout.max_new_tokens` (the teacher's k=4 turns reach 168).
 TrainRollout = _overrides_model(
     "TrainRollout", "`train.rollout`: where the local trainer's episodes differ from `rollout:`.",

@@ -32,7 +32,7 @@ from mempo.evaluation.agents import (
 from mempo.evaluation.engine import Engine
 from mempo.evaluation.metrics import SAMPLE_COLUMNS, answer_scores
 from mempo.evaluation.probe import add_memory_probe
-from mempo.evaluation.settings import EvalSettings, sampling_params
+from mempo.evaluation.settings import EvalSettings, generator_policy, sampling_params
 from mempo.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -79,14 +79,13 @@ def run_multi_turn(
 ) -> list[dict[str, Any]]:
     """Episodes of a multi-turn agent (memory, full_context, external_memory) through the core
     rollout loop; one sample row per item (see `mempo.evaluation.metrics.SAMPLE_COLUMNS`)."""
-    from mempo.agent.rollout import GeneratorPolicy, arun_episodes
+    from mempo.agent.rollout import arun_episodes
     from mempo.agent.tools import ToolEnv
     from mempo.forgetting import SEEN, episode_forgot
 
     if engine.retriever is None:
         raise MempoError(f"agent '{agent}' needs a retriever (eval.retriever)")
-    policy = _TimedPolicy(engine.turn_policy or GeneratorPolicy(
-        engine.generator, sampling_params(settings), max_batch=settings.rollout.max_concurrent_episodes))
+    policy = _TimedPolicy(engine.turn_policy or generator_policy(settings, engine.generator))
     env = ToolEnv(engine.retriever, engine.tokenizer, settings.tool_config())
     config = settings.rollout_config()
     ended: dict[str, float] = {}

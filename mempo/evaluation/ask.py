@@ -21,7 +21,7 @@ from typing import Any
 
 from mempo.evaluation.agents import observation_titles
 from mempo.evaluation.engine import Engine
-from mempo.evaluation.settings import EvalSettings, sampling_params
+from mempo.evaluation.settings import EvalSettings, generator_policy
 from mempo.tasks import single_task
 
 
@@ -37,13 +37,13 @@ def ask(
 
     Returns the core `mempo.agent.rollout.Episode` (turn records, final answer, limits hit).
     """
-    from mempo.agent.rollout import GeneratorPolicy, arun_episodes
+    from mempo.agent.rollout import arun_episodes
     from mempo.agent.tools import ToolEnv
 
     if engine.retriever is None:
         raise ValueError("ask needs a retriever")
     item = single_task("ask", question, list(gold or []))
-    policy = engine.turn_policy or GeneratorPolicy(engine.generator, sampling_params(settings), max_batch=1)
+    policy = engine.turn_policy or generator_policy(settings, engine.generator, max_batch=1)
     env = ToolEnv(engine.retriever, engine.tokenizer, settings.tool_config())
     config = dataclasses.replace(settings.rollout_config(), max_concurrent_episodes=1)
     episodes = asyncio.run(arun_episodes(

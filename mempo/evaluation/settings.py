@@ -5,6 +5,7 @@ sampling configuration.
     settings = EvalSettings.from_params(load_params("params.yaml").eval)
     env = ToolEnv(retriever, tokenizer, settings.tool_config())
     sampling_params(settings)          # greedy unless eval.rollout.temperature > 0
+    generator_policy(settings, generator)   # the TurnPolicy the multi-turn agents run
 
 The `mempo eval` stage builds them from its `eval:` section; the GRPO trainer's periodic
 validation builds them from the training episodes' (`mempo.training.grpo.val_settings`), so
@@ -66,6 +67,17 @@ class EvalSettings:
         from mempo.agent.rollout import RolloutConfig
 
         return RolloutConfig.from_params(self.rollout)
+
+
+def generator_policy(settings: EvalSettings, generator: Any, max_batch: int | None = None) -> Any:
+    """The evaluation's `TurnPolicy` over `generator`: `sampling_params`, turns of up to
+    `max_batch` episodes batched (default `max_concurrent_episodes`), and a repeated prompt
+    sampled at `repeat_temperature` (see `mempo.agent.rollout.GeneratorPolicy`)."""
+    from mempo.agent.rollout import GeneratorPolicy
+
+    return GeneratorPolicy(generator, sampling_params(settings),
+                           max_batch=max_batch or settings.rollout.max_concurrent_episodes,
+                           repeat_temperature=settings.rollout.repeat_temperature, seed=settings.seed)
 
 
 def sampling_params(settings: EvalSettings, stop: Sequence[str] | None = None) -> Any:
