@@ -129,6 +129,9 @@ class EvalParams(_InheritsRollout):
     served_model: str = "policy"
     device: str = "cpu"
     threads: int = Field(1, ge=0)  # torch CPU threads (0 = torch default), as sft.threads / train.threads
+    # processes that run (benchmark, agent) pairs side by side, each with `threads` torch threads and
+    # its own copy of the model(s) and retriever; 1 = in this process
+    workers: int = Field(1, ge=1)
     memory_probe: bool = True
     external_memory_encoder: str = "hashing"
     external_memory_snippets: int = Field(3, ge=1)

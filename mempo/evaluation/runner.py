@@ -16,8 +16,8 @@ code scorers (the same `mempo.rewards` functions).
 
 The parts live in one module each: `settings` (EvalSettings, sampling), `engine` (model,
 generator, retriever), `agent_runner` (episodes -> sample rows), `probe` (the memory probe),
-`outputs` (the output folder), `genai` (the MLflow GenAI cross-check). This module is the
-stage that strings them together.
+`outputs` (the output folder), `genai` (the MLflow GenAI cross-check), `workers` (the pairs
+in `eval.workers` processes). This module is the stage that strings them together.
 
 Deterministic: greedy decoding by default (temperature 0), world-k* tasks composed with
 `seed`, benchmarks truncated to the first `limit` items, so two models see identical inputs.
@@ -39,6 +39,7 @@ from mempo.evaluation.benchmarks import load_benchmarks
 from mempo.evaluation.engine import AGENT_CONTEXT, Engine, engines_for, policy_context
 from mempo.evaluation.outputs import write_outputs
 from mempo.evaluation.settings import EvalSettings
+from mempo.evaluation.workers import evaluate_in_workers
 from mempo.tasks import Task
 
 
@@ -60,7 +61,8 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
     Args:
         p: the `eval:` params section (`mempo.config.EvalParams`).
         benchmarks: the `benchmarks:` section (`BenchmarksParams`) or a name -> path mapping.
-        engine: an already built engine (tests, `mempo ask` reuse); built from `p` otherwise.
+        engine: an already built engine (tests, `mempo ask` reuse), run in this process;
+            built from `p` otherwise (in each of `eval.workers` processes when > 1).
         track: log to an MLflow `eval` stage run (also off with MEMPO_TRACKING=0).
         decoder: the in-process generator when the engine is built here (None: the
             resolved `eval.rollout` / `rollout.decoder`).
@@ -81,11 +83,14 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
 
     # Each agent runs the policy trained for it (eval.models), else eval.model.
     refs = {a: p.models.get(a, p.model) for a in p.agents}
+    # eval.workers > 1: the pairs in worker processes, each building its own engines.
+    workers = 1 if engine is not None else min(p.workers, len(items) * len(p.agents))
     with contextlib.ExitStack() as cleanup:
         resolved = {ref: cleanup.enter_context(resolved_model(ref)) for ref in dict.fromkeys([p.model, *refs.values()])}
         model = resolved[p.model]
-        engines = engine if engine is not None else engines_for(p, resolved, refs, decoder, cleanup)
-        meta = _meta(p, settings, items, model.describe(), {a: resolved[r].path for a, r in refs.items()}, decoder)
+        engines = engine if engine is not None or workers > 1 else engines_for(p, resolved, refs, decoder, cleanup)
+        meta = _meta(p, settings, items, model.describe(), {a: resolved[r].path for a, r in refs.items()}, decoder,
+                     workers)
         # Lineage: each source file once (the world-k* tasks are composed from `world`).
         sources = dict.fromkeys("world" if n.startswith("world-k") else n for n in items)
         run_cm: Any = (
@@ -96,7 +101,10 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
         with run_cm as run:
             run_id = getattr(getattr(run, "info", None), "run_id", None)
             t0 = time.perf_counter()
-            rows = evaluate_items(items, p.agents, engines, settings)
+            if workers > 1:
+                rows = evaluate_in_workers(items, p.agents, p, resolved, refs, settings, decoder, workers)
+            else:
+                rows = evaluate_items(items, p.agents, engines, settings)
             meta["wall_s"] = round(time.perf_counter() - t0, 1)
             meta["samples"] = len(rows)
             if run_id is not None:
@@ -108,8 +116,9 @@ def run_eval(p: Any, benchmarks: Any, *, engine: Engine | None = None, track: bo
 
 
 def _meta(p: Any, settings: EvalSettings, items: Mapping[str, Sequence[Task]], model: Mapping[str, Any],
-          policy_paths: Mapping[str, Path], decoder: str) -> dict[str, Any]:
-    """`eval.json`: the model, each agent's policy and context, the settings and the counts."""
+          policy_paths: Mapping[str, Path], decoder: str, workers: int = 1) -> dict[str, Any]:
+    """`eval.json`: the model, each agent's policy and context, the settings and the counts
+    (`workers`: the processes that ran the pairs, 1 = the evaluating process)."""
     needs_retriever = any(a != "direct" for a in p.agents)
     r = settings.rollout
     return {
@@ -118,12 +127,14 @@ def _meta(p: Any, settings: EvalSettings, items: Mapping[str, Sequence[Task]], m
                          "agent_context": AGENT_CONTEXT[a]} for a in p.agents},
         "backend": p.backend,
         "decoder": decoder if p.backend == "hf" else "",
+        "workers": workers,
         "retriever": p.retriever if needs_retriever else "",
         "agents": ", ".join(p.agents),
         "benchmarks": ", ".join(f"{b} ({len(v)})" for b, v in items.items()),
         "limit": p.limit,
         "seed": p.seed,
-        "decoding": "greedy" if r.temperature == 0 else f"temperature {r.temperature}",
+        "decoding": (f"temperature {r.temperature}" if r.temperature > 0 else "greedy" if not r.repeat_temperature
+                     else f"greedy; a prompt seen before in the episode sampled at temperature {r.repeat_temperature}"),
         "max_prompt_tokens": r.max_prompt_tokens,
         "max_turns": f"{r.turns_per_objective} per objective, cap {r.max_turns}",
         "settings": settings.describe(),
