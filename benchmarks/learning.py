@@ -21,9 +21,10 @@ from those same episodes, for the same number of steps. RL runs on the data stag
 (part `rl` singles + k = 2 compositions), every RL variant with the same budget (steps, B x n
 rollouts, LR, max tokens) from the same SFT checkpoint of its format, and seeds paired: seed
 s of every variant sees the same task order. Evaluation is `mempo eval`'s own code
-(`mempo.evaluation.agent_runner.evaluate_items`), greedy, on the held-out test split: the same
-singles, world-k2 and world-k4 tasks for every variant (the untrained policy, which rambles
-to the turn cap, on the first `--untrained-n` of each).
+(`mempo.evaluation.agent_runner.evaluate_items`), greedy (a prompt an episode has seen before
+sampled at `eval.rollout.repeat_temperature`, docs/evaluation.md), on the held-out test
+split: the same singles, world-k2 and world-k4 tasks for every variant (the untrained
+policy, which rambles to the turn cap, on the first `--untrained-n` of each).
 
 Reported per variant and k: EM, objective EM, forgetting rate, format validity, peak and
 mean prompt tokens per turn, how the episodes ended (`mempo.evaluation.outcomes`); the paired
@@ -200,7 +201,8 @@ def _quiet() -> None:
 
 def evaluate_model(model_dir: Path, agent: str, tasks: dict[str, list[Any]], corpus: Path,
                    device: str) -> dict[str, Any]:
-    """Greedy evaluation through `mempo eval`'s code: per set, aggregates and per-task values."""
+    """Evaluation through `mempo eval`'s code, with its decoding settings: per set, aggregates and
+    per-task values."""
     from mempo.evaluation.agent_runner import evaluate_items
     from mempo.evaluation.engine import load_engine
     from mempo.evaluation.metrics import aggregate_pair

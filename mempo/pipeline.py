@@ -18,8 +18,8 @@ What happens, in order:
 4. `dvc repro` runs the rest; DVC decides what is stale. With `--force` every stage runs
    exactly once: the index stage and what it needs first, then the others in dependency
    order (`dvc repro --force --single-item ...`). The stale stages of a group in
-   `pipeline.parallel_stages` (the two SFT cold starts) run side by side, each in its own
-   `dvc repro --single-item` (`mempo.dvc_runner.reproduce`).
+   `pipeline.parallel_stages` (the two SFT cold starts, the two GRPO stages) run side by
+   side, each in its own `dvc repro --single-item` (`mempo.dvc_runner.reproduce`).
 5. `mempo promote` gates the newest registered version (`pipeline.promote: true`);
    promotion reads the live registry, so it is not a DVC stage (it would never be cached).
 6. dvc.lock is logged to the parent run, each stage run is tagged with the hashes DVC

@@ -478,5 +478,24 @@ def test_side_by_side_benchmark_runs_the_sft_stages_both_ways(setup: dict[str, P
     pred = res["predicted_full_length"]
     assert pred["steps"] == {"sft": 100, "sft_full": 300}
     assert pred["saved_s"] == pytest.approx(pred["sequential_s"] - pred["side_by_side_s"])
-    full = json.loads((tmp_path / "w" / "1-side" / "sft_full" / "model" / "policy.json").read_text())
+    full = json.loads((tmp_path / "w" / "sft" / "1-side" / "sft_full" / "model" / "policy.json").read_text())
     assert full["context"] == "full"  # dvc.yaml's sft_full command, rendered with the whole history
+
+
+def test_side_by_side_benchmark_builds_the_grpo_pair_from_dvc_yaml(tmp_path: Path) -> None:
+    """`--pair grpo`: dvc.yaml's `train` and `train_full` commands with the step budget and the
+    output folder set after dvc.yaml's own `--set`s (the last value wins), no retriever URL."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("side_by_side", REPO / "benchmarks" / "side_by_side.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cmds = {name: bench.stage_command(name, 6, tmp_path / name, tmp_path / "teacher") for name in bench.PAIRS["grpo"]}
+    for name, argv in cmds.items():
+        assert argv[-2:] == ["train", "grpo"] and "--retriever" not in argv
+        sets = [argv[i + 1] for i, x in enumerate(argv) if x == "--set"]
+        assert sets[-5:] == ["train.steps=6", f"train.out={tmp_path / name}", "train.resume=never",
+                             "train.checkpoint_every=1000000", "train.val_every=0"]
+    full_sets = [x for x in cmds["train_full"] if "=" in x]
+    assert "rollout.context=full" in full_sets and "mempo.lambda_mem=0" in full_sets
+    assert full_sets.index("train.out=outputs/train_full") < full_sets.index(f"train.out={tmp_path / 'train_full'}")
