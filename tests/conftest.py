@@ -25,6 +25,21 @@ def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def rollout_world(tiny_world: Path) -> tuple:
+    """(BPE tokenizer with the agent's tags, BM25 retriever, train questions) of the tiny world,
+    for rollout tests. Read-only."""
+    from mempo.agent.format import SYSTEM_PROMPT, TAGS
+    from mempo.datasets import iter_corpus, load_qa
+    from mempo.policy.tiny import train_tiny_tokenizer
+    from mempo.retrieval.inprocess import InProcessRetriever
+
+    texts = [SYSTEM_PROMPT] * 20 + [p.contents for p in iter_corpus(tiny_world / "corpus.jsonl")]
+    tok = train_tiny_tokenizer(iter(texts), TAGS, vocab_size=800)
+    retriever = InProcessRetriever.from_corpus(tiny_world / "corpus.jsonl", method="bm25")
+    return tok, retriever, load_qa(tiny_world / "qa" / "train.jsonl")
+
+
 @pytest.fixture()
 def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh sqlite MLflow store per test (never the project's own mlflow.db)."""

@@ -20,25 +20,10 @@ from mempo.agent.masks import check_mem_mask
 from mempo.agent.rollout import GeneratorPolicy, RolloutConfig, full_context_messages, run_episodes
 from mempo.agent.teacher import NO_FACTS_YET, ScriptedTeacher
 from mempo.agent.tools import ArticleReader, ToolConfig, ToolEnv, chunk_text
-from mempo.datasets import load_qa
 from mempo.forgetting import MemoryStep, episode_forgot
-from mempo.policy.tiny import TinyPolicySpec, build_tiny_model, train_tiny_tokenizer
+from mempo.policy.tiny import TinyPolicySpec, build_tiny_model
 from mempo.retrieval.inprocess import InProcessRetriever
 from mempo.tasks import compose_multi_objective
-
-
-@pytest.fixture(scope="module")
-def world(tiny_world):
-    from mempo.agent.format import SYSTEM_PROMPT
-    from mempo.datasets import iter_corpus
-
-    texts = [SYSTEM_PROMPT] * 20 + [p.contents for p in iter_corpus(tiny_world / "corpus.jsonl")]
-    from mempo.agent.format import TAGS
-
-    tok = train_tiny_tokenizer(iter(texts), TAGS, vocab_size=800)
-    retriever = InProcessRetriever.from_corpus(tiny_world / "corpus.jsonl", method="bm25")
-    items = load_qa(tiny_world / "qa" / "train.jsonl")
-    return tok, retriever, items
 
 
 def _check_records(ep, tok):
@@ -49,8 +34,8 @@ def _check_records(ep, tok):
         check_mem_mask(t.response_ids, tok, t.mem_mask, t.memory)
 
 
-def test_teacher_solves_world_tasks_in_both_contexts(world):
-    tok, retriever, items = world
+def test_teacher_solves_world_tasks_in_both_contexts(rollout_world):
+    tok, retriever, items = rollout_world
     env = ToolEnv(retriever, tok, ToolConfig(topk=3, observation_max_tokens=400))
     sample = [i for i in items if i.metadata["type"] in ("bridge", "comparison")][:6] + items[:2]
     mem = run_episodes(sample, ScriptedTeacher(tok), env, tok, context="memory", progress=False)
@@ -76,8 +61,8 @@ def test_teacher_solves_world_tasks_in_both_contexts(world):
     assert three_hop.prompt_tokens[-1] < full[mem.index(three_hop)].prompt_tokens[-1]
 
 
-def test_teacher_multi_objective_tasks(world):
-    tok, retriever, items = world
+def test_teacher_multi_objective_tasks(rollout_world):
+    tok, retriever, items = rollout_world
     tasks = compose_multi_objective(items, k=3, n_tasks=3, seed=1)
     env = ToolEnv(retriever, tok, ToolConfig(topk=3))
     eps = run_episodes(tasks, ScriptedTeacher(tok), env, tok, config=RolloutConfig(max_turns=30), progress=False)
@@ -105,8 +90,8 @@ class _SearchMisses(InProcessRetriever):
         return [[] for _ in queries]
 
 
-def test_teacher_falls_back_to_access_and_access_chunks(world, tiny_world):
-    tok, retriever, items = world
+def test_teacher_falls_back_to_access_and_access_chunks(rollout_world, tiny_world):
+    tok, retriever, items = rollout_world
     weak = _SearchMisses(retriever.store, retriever.searcher, retriever.manifest)
     env = ToolEnv(weak, tok, ToolConfig(access_chunk_chars=60, short_text_chars=20))
     item = next(i for i in items if i.metadata["type"] == "single")
@@ -130,8 +115,8 @@ def test_teacher_falls_back_to_access_and_access_chunks(world, tiny_world):
 
 
 @pytest.fixture(scope="module")
-def tiny_policy(world):
-    tok = world[0]
+def tiny_policy(rollout_world):
+    tok = rollout_world[0]
     model = build_tiny_model(tok, TinyPolicySpec(hidden_size=32, intermediate_size=64, num_layers=1,
                                                  num_heads=2, num_kv_heads=1, seed=3)).eval()
     return model, tok
@@ -148,9 +133,9 @@ class _CountingGenerator:
         return self.inner.generate(prompts, sampling)
 
 
-def test_generator_policy_batches_turns_and_records_logprobs(world, tiny_policy):
+def test_generator_policy_batches_turns_and_records_logprobs(rollout_world, tiny_policy):
     model, tok = tiny_policy
-    _, retriever, items = world
+    _, retriever, items = rollout_world
     gen = _CountingGenerator(HFGenerator(model, tok, batch_size=8))
     sampling = SamplingParams(max_new_tokens=12, temperature=1.0, seed=0)
     eps = run_episodes(items[:3], GeneratorPolicy(gen, sampling), ToolEnv(retriever, tok), tok,
@@ -237,12 +222,12 @@ def test_openai_generator_matches_hf_over_http(tiny_policy):
     assert remote[0].logprobs == pytest.approx(local[0].logprobs, abs=1e-4)
 
 
-def test_memory_reward_on_teacher_episodes(world, tiny_policy):
+def test_memory_reward_on_teacher_episodes(rollout_world, tiny_policy):
     from mempo.advantage import MemoryTurn, answer_probability, memory_reward
     from mempo.agent.format import ANSWER_PROBE_PREFIX, answer_continuation
 
     model, tok = tiny_policy
-    _, retriever, items = world
+    _, retriever, items = rollout_world
     ep = run_episodes([next(i for i in items if i.metadata["hops"] == 2)], ScriptedTeacher(tok),
                       ToolEnv(retriever, tok), tok, progress=False)[0]
     full_prompts = [render_prompt(tok, full_context_messages(ep, t.turn_index), ANSWER_PROBE_PREFIX)

@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 
-from mempo.agent.format import TAGS
 from mempo.agent.generation import Generation, SamplingParams, make_generator
 from mempo.agent.rollout import (
     GeneratorPolicy,
@@ -18,20 +17,7 @@ from mempo.agent.rollout import (
     run_episodes,
 )
 from mempo.agent.tools import ToolConfig, ToolEnv
-from mempo.datasets import load_qa
-from mempo.policy.tiny import TinyPolicySpec, build_tiny_model, train_tiny_tokenizer
-from mempo.retrieval.inprocess import InProcessRetriever
-
-
-@pytest.fixture(scope="module")
-def world(tiny_world):
-    from mempo.agent.format import SYSTEM_PROMPT
-    from mempo.datasets import iter_corpus
-
-    texts = [SYSTEM_PROMPT] * 20 + [p.contents for p in iter_corpus(tiny_world / "corpus.jsonl")]
-    tok = train_tiny_tokenizer(iter(texts), TAGS, vocab_size=800)
-    retriever = InProcessRetriever.from_corpus(tiny_world / "corpus.jsonl", method="bm25")
-    return tok, retriever, load_qa(tiny_world / "qa" / "train.jsonl")
+from mempo.policy.tiny import TinyPolicySpec, build_tiny_model
 
 
 class _SameTurn:
@@ -59,8 +45,8 @@ class _Recording:
 
 
 @pytest.mark.parametrize("context, repeats", [("memory", [False, False, True, True]), ("full", [False] * 4)])
-def test_a_prompt_seen_before_in_the_episode_is_marked(world, context, repeats):
-    tok, retriever, items = world
+def test_a_prompt_seen_before_in_the_episode_is_marked(rollout_world, context, repeats):
+    tok, retriever, items = rollout_world
     gen = _SameTurn(tok)
     policy = _Recording(GeneratorPolicy(gen, SamplingParams(max_new_tokens=32, temperature=0.0)))
     run_episodes(items[:1], policy, ToolEnv(retriever, tok, ToolConfig(topk=2)), tok, context=context,
@@ -69,8 +55,8 @@ def test_a_prompt_seen_before_in_the_episode_is_marked(world, context, repeats):
     assert [r.repeats for r in policy.requests] == repeats
 
 
-def test_repeated_greedy_turns_are_sampled_alone_with_their_own_seed(world):
-    tok, retriever, items = world
+def test_repeated_greedy_turns_are_sampled_alone_with_their_own_seed(rollout_world):
+    tok, retriever, items = rollout_world
     env = ToolEnv(retriever, tok, ToolConfig(topk=2))
     greedy = SamplingParams(max_new_tokens=32, temperature=0.0)
     gen = _SameTurn(tok)
@@ -93,11 +79,11 @@ def test_repeated_greedy_turns_are_sampled_alone_with_their_own_seed(world):
     assert all(s == hot for _, s in sampled.calls)
 
 
-def test_a_real_policy_samples_its_repeated_turns_reproducibly(world):
+def test_a_real_policy_samples_its_repeated_turns_reproducibly(rollout_world):
     """A random tiny policy writes invalid turns, so its greedy prompts repeat (question, no
     memory, the same correction). Each repeated turn is the policy's sample at its own seed,
     whatever else was in flight, and differs from the greedy replay."""
-    tok, retriever, items = world
+    tok, retriever, items = rollout_world
     model = build_tiny_model(tok, TinyPolicySpec(hidden_size=32, intermediate_size=64, num_layers=1,
                                                  num_heads=2, num_kv_heads=1, seed=3)).eval()
     gen = make_generator(model, tok, "fast", batch_size=8)
