@@ -19,8 +19,10 @@ generator, retriever), `agent_runner` (episodes -> sample rows), `probe` (the me
 `outputs` (the output folder), `genai` (the MLflow GenAI cross-check), `workers` (the pairs
 in `eval.workers` processes). This module is the stage that strings them together.
 
-Deterministic: greedy decoding by default (temperature 0), world-k* tasks composed with
-`seed`, benchmarks truncated to the first `limit` items, so two models see identical inputs.
+Deterministic: greedy decoding by default (temperature 0; a turn whose prompt its episode
+already had is sampled at `eval.rollout.repeat_temperature` from a seed of `seed`, the episode
+and the turn), world-k* tasks composed with `seed`, benchmarks truncated to the first `limit`
+items, so two models see identical inputs.
 """
 
 from __future__ import annotations
