@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
              [root / "outputs" / s / "model" for s in PAIRS["sft"]] + [root / "data" / "prepared", root / "outputs" / "index"])
     for need in needs:
         if not need.exists():
-            raise SystemExit(f"missing: {need} (run `make run` in --root first, or pass --teacher)")
+            raise SystemExit(f"missing: {need} (run `make run` in --root first"
+                             + (", or pass --teacher)" if a.pair == "sft" else ")"))
     runs = []
     for i, parallel in enumerate((False, True, False)):
         work = Path(a.work) / a.pair / f"{i}-{'side' if parallel else 'seq'}"

@@ -317,7 +317,6 @@ async def run_episode(
     )
     reader = ArticleReader()
     steps = EpisodeSteps(ctx, cfg.turn_budget(len(ep.objectives)), check_masks=cfg.check_masks)
-    seen: set[tuple[int, ...]] = set()
     while not steps.finished:
         msgs = steps.messages()
         prompt_ids = tokenizer.encode(render_prompt(tokenizer, msgs), add_special_tokens=False)
@@ -325,11 +324,10 @@ async def run_episode(
             ep.hit_context_limit = True
             break
         last = steps.turns[-1] if steps.turns else None
-        key = tuple(prompt_ids)
+        repeats = any(t.prompt_ids == prompt_ids for t in ep.turns)  # the records keep every prompt
         gen = await policy.respond(TurnRequest(ep.episode_id, item, len(steps.turns), msgs, prompt_ids,
                                                last.parsed if last else None, last.observation if last else None,
-                                               repeats=key in seen))
-        seen.add(key)
+                                               repeats=repeats))
         step = steps.take(gen.token_ids, tokenizer)
         if step.request is not None:
             steps.observe(*await call_tool(env, step.request, reader))
