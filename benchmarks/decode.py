@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="", help="cache folder for the world, policy and SmolLM2 config "
                                                 "(default: a temporary folder)")
     ap.add_argument("--policy", default="", help="a trained tiny policy folder instead of the random one")
-    ap.add_argument("--repeats", type=int, default=0, help="calls per decoder and batch (default 3, quick 2)")
+    ap.add_argument("--repeats", type=int, default=0, help="calls per decoder and batch, the best one kept (default 5, quick 2)")
     ap.add_argument("--no-smollm2", action="store_true")
     ap.add_argument("--eval-agents", default="memory,full_context",
                     help="agents evaluated (the multi-turn ones are where evaluation spends its time)")
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                          "free core: 250-token prompts at 135M parameters are ~50 GFLOP each)")
     ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
     a = ap.parse_args(argv)
-    repeats = a.repeats or (2 if a.quick else 3)
+    repeats = a.repeats or (2 if a.quick else 5)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(a.work) if a.work else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)

@@ -96,7 +96,8 @@ def choose_tokens(
     number per vocabulary entry and cost 6-10x more here (B x V random numbers a step).
     """
     if greedy:
-        ids = scores.argmax(dim=-1)
+        # max(dim) picks the first of equal maxima, as argmax does, at ~2/3 of its cost here.
+        ids = scores.max(dim=-1).indices
     else:
         cdf = scores.softmax(dim=-1).double().cumsum_(dim=-1)
         u = torch.rand((cdf.shape[0], 1), generator=generator, dtype=torch.float64, device=cdf.device)
