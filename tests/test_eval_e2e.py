@@ -81,6 +81,10 @@ def test_eval_tiny_policy_all_agents_in_process(tiny_world: Path, tiny_policy: P
     assert samples[(samples.agent == "memory") & (samples.benchmark == "world-k2")]["turns"].max() <= 4
     assert samples[samples.agent == "rag"]["searches"].eq(1).all()
     assert samples[samples.agent == "direct"]["searches"].eq(0).all()
+    # A first turn never repeats a prompt; single-turn agents have nothing to repeat.
+    multi = samples[samples.turns > 0]
+    assert (multi["repeated_turns"] < multi["turns"]).all()
+    assert samples[samples.agent.isin(["rag", "direct"])]["repeated_turns"].eq(0).all()
     # The multi-objective keys exist only for the k = 2 benchmark.
     assert "memory/world-k2/all_correct" in metrics and "memory/world/all_correct" not in metrics
     # Deterministic: greedy decoding gives the same samples a second time.
@@ -140,6 +144,8 @@ def test_eval_scripted_teacher_exercises_memory_search_and_probe(
     assert (tmp_path / "eval" / "plots" / "em_vs_k.png").is_file()
     # Forgetting is measured for the memory agent on k > 1 tasks only; the teacher never forgets.
     assert metrics["memory/world-k4/forgetting_rate"] == 0.0
+    # ... and never comes back to a prompt it had (each turn adds an answer or a result).
+    assert metrics["memory/world-k4/repeated_turns"] == 0.0 < metrics["memory/world-k4/turns"]
     assert "memory/world-k1/forgetting_rate" not in metrics and "full_context/world-k4/forgetting_rate" not in metrics
     # The report ends with one example episode per (k, agent), the same task for every agent.
     report = (tmp_path / "eval" / "report.md").read_text()

@@ -49,10 +49,11 @@ def test_a_prompt_seen_before_in_the_episode_is_marked(rollout_world, context, r
     tok, retriever, items = rollout_world
     gen = _SameTurn(tok)
     policy = _Recording(GeneratorPolicy(gen, SamplingParams(max_new_tokens=32, temperature=0.0)))
-    run_episodes(items[:1], policy, ToolEnv(retriever, tok, ToolConfig(topk=2)), tok, context=context,
-                 config=RolloutConfig(max_turns=4), progress=False)
+    (ep,) = run_episodes(items[:1], policy, ToolEnv(retriever, tok, ToolConfig(topk=2)), tok, context=context,
+                         config=RolloutConfig(max_turns=4), progress=False)
     # memory: turn 1's prompt is question + memory + result; turn 2 writes the same, sees the same
     assert [r.repeats for r in policy.requests] == repeats
+    assert ep.repeated_turns == sum(repeats)  # what the eval rows report as `repeated_turns`
 
 
 def test_repeated_greedy_turns_are_sampled_alone_with_their_own_seed(rollout_world):

@@ -173,6 +173,18 @@ class Episode:
         return [t.prompt_length for t in self.turns]
 
     @property
+    def repeated_turns(self) -> int:
+        """Turns whose prompt the episode already had at an earlier turn (a memory agent whose
+        state came back: greedy decoding would replay the cycle; see `GeneratorPolicy`)."""
+        seen: set[tuple[int, ...]] = set()
+        n = 0
+        for t in self.turns:
+            key = tuple(t.prompt_ids)
+            n += key in seen
+            seen.add(key)
+        return n
+
+    @property
     def response_tokens(self) -> int:
         return sum(len(t.response_ids) for t in self.turns)
 

@@ -96,7 +96,7 @@ class ValidateBounds(Section):
                                  "objective_em", "truncated", "hit_turn_limit", "memory_probe"])
     eval_count_metrics: list[str] = Field(
         default_factory=lambda: ["turns", "searches", "peak_prompt_tokens", "total_prompt_tokens",
-                                 "generated_tokens", "latency_s", "n"])
+                                 "generated_tokens", "repeated_turns", "latency_s", "n"])
     eval_key_columns: list[str] = Field(default_factory=lambda: ["agent", "benchmark", "id"])
 
 

@@ -33,6 +33,8 @@ MEAN_METRICS = (
     "peak_prompt_tokens",
     "total_prompt_tokens",
     "generated_tokens",
+    "repeated_turns",        # turns whose prompt the episode already had (greedy eval samples them:
+                             # eval.rollout.repeat_temperature)
     "latency_s",
     "truncated",
     "memory_probe",

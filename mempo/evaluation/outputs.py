@@ -24,7 +24,8 @@ def write_samples(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:
     from mempo.io import atomic_path
 
     frame = pd.DataFrame([{c: r.get(c) for c in SAMPLE_COLUMNS} for r in rows], columns=list(SAMPLE_COLUMNS))
-    for col in ("turns", "searches", "peak_prompt_tokens", "total_prompt_tokens", "generated_tokens", "k"):
+    for col in ("turns", "searches", "peak_prompt_tokens", "total_prompt_tokens", "generated_tokens", "repeated_turns",
+                "k"):
         frame[col] = frame[col].astype("int64")
     with atomic_path(path) as tmp:
         frame.to_parquet(tmp, index=False)

@@ -40,7 +40,7 @@ from mempo.io import atomic_path, write_text
 QUALITY_METRICS = ("n", "em", "f1", "substring_em", "objective_em", "all_correct", "format_valid",
                    "forgetting_rate", "forgetting_rate_seen", "memory_probe")
 COST_METRICS = ("turns", "searches", "peak_prompt_tokens", "peak_prompt_tokens_max", "total_prompt_tokens",
-                "generated_tokens", "latency_s", "truncated")
+                "generated_tokens", "repeated_turns", "latency_s", "truncated")
 TABLE_METRICS = QUALITY_METRICS + COST_METRICS
 MULTI_TURN_AGENTS = ("memory", "full_context", "external_memory")
 AGENT_ORDER = ("memory", "full_context", "external_memory", "rag", "direct")
@@ -53,7 +53,8 @@ RATE_METRICS = frozenset({"em", "f1", "substring_em", "objective_em", "all_corre
 _SHORT = {"substring_em": "sub-EM", "objective_em": "obj EM", "all_correct": "all right",
           "format_valid": "valid", "forgetting_rate": "forget", "forgetting_rate_seen": "forget (seen)",
           "memory_probe": "mem probe", "peak_prompt_tokens": "peak prompt", "peak_prompt_tokens_max": "max peak",
-          "total_prompt_tokens": "prompt tokens", "generated_tokens": "generated", "latency_s": "latency s"}
+          "total_prompt_tokens": "prompt tokens", "generated_tokens": "generated", "latency_s": "latency s",
+          "repeated_turns": "repeats"}
 
 
 def decimals(metric: str) -> int:
@@ -348,6 +349,8 @@ def render_markdown(
         "Metrics: means over samples (rates for 0/1 columns); `peak prompt` is the mean per-episode "
         "peak of prompt tokens, `max peak` the largest; `forget`: share of k > 1 episodes whose memory "
         "dropped an answer it had stored (`forget (seen)`: an answer seen in a result and not kept); "
+        "`repeats`: turns per episode whose prompt the episode had already had (with greedy decoding "
+        "these are sampled, see the header); "
         "truncated episodes (prompt over the context window) are scored as wrong. Per-sample rows are in "
         "`samples.parquet`; exact values in `metrics.json`.",
         "",
