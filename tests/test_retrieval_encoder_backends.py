@@ -58,3 +58,36 @@ def test_bad_backend_choices_are_clear_errors() -> None:
         Encoder("all-MiniLM-L6-v2", backend="fp4")
     with pytest.raises(ConfigError, match="CPU only"):
         Encoder("all-MiniLM-L6-v2", backend="onnx-int8", device="cuda")
+
+
+def test_benchmark_compares_backends_on_the_same_queries(tmp_path) -> None:
+    """benchmarks/retrieval.py's encoder section: per backend, the queries it finds that the
+    torch encoder misses and the reverse add up to its recall difference, with an interval."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from mempo.retrieval.index import build_index
+
+    spec = importlib.util.spec_from_file_location(
+        "retrieval_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "retrieval.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    words = ("river harbour castle mayor chemist founded capital bridge island valley market "
+             "painter railway garden abbey mill tower lake forest coast").split()
+    corpus = tmp_path / "corpus.jsonl"
+    rows = [{"id": str(i), "contents": f"T{i}\n" + " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(30))}
+            for i in range(60)]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    build_index(corpus, tmp_path / "flat", method="dense", index_type="flat", encoder=Encoder("all-MiniLM-L6-v2"))
+    queries = bench._queries_from(corpus, 40, seed=4)
+    out = bench.bench_encoder_backends(["torch", "torch-int8"], tmp_path / "flat", queries,
+                                       [r["id"] for r in rows], (1, 8))
+    assert out["queries"] == 40 and out["torch"]["recall_delta_vs_torch"] == 0.0
+    assert out["torch"]["queries_lost_vs_torch"] == out["torch"]["queries_gained_vs_torch"] == 0
+    q8 = out["torch-int8"]
+    net = (q8["queries_gained_vs_torch"] - q8["queries_lost_vs_torch"]) / 40
+    assert q8["recall_delta_vs_torch"] == pytest.approx(net, abs=1e-4)
+    low, high = q8["recall_delta_ci95"]
+    assert low <= q8["recall_delta_vs_torch"] <= high
+    assert 0 < out["torch"]["recall_at_3"] <= 1
