@@ -94,6 +94,24 @@ def test_greedy_is_token_identical_to_generate_with_stops_eos_and_joins(tiny, ti
         _assert_same(ref, gen.generate(prompts, sampling))
 
 
+@pytest.mark.parametrize("fuse", [True, False])
+def test_fused_and_separate_step_matrices_both_decode_like_generate(tiny, tiny_world, monkeypatch, fuse):
+    """Decode steps with q/k/v and gate/up fused (small models) or as the model's own separate
+    matrices (models above `FUSE_MAX_ELEMENTS`): both greedy-identical to `generate()`."""
+    import mempo.agent.engines as engines
+
+    model, tok = tiny
+    if not fuse:
+        monkeypatch.setattr(engines, "FUSE_MAX_ELEMENTS", 0)
+    prompts = _prompts(tok, tiny_world)
+    eng = engines.LlamaEngine(model)
+    eng.prefill(prompts[:2], 256, 0)
+    assert [f is not None for f in eng.fused] == [fuse] * 2
+    sampling = SamplingParams(24, temperature=0.0, stop=())
+    _assert_same(HFGenerator(model, tok, batch_size=16).generate(prompts, sampling),
+                 FastGenerator(model, tok, batch_size=4).generate(prompts, sampling))
+
+
 def test_per_row_budgets_and_joins_keep_each_row_its_own_output(tiny, tiny_world):
     model, tok = tiny
     prompts = _prompts(tok, tiny_world)

@@ -25,6 +25,9 @@ import torch.nn.functional as F
 # Architectures whose forward `LlamaEngine` reproduces: pre-norm RMSNorm blocks, rotary
 # embeddings (default rope), grouped-query attention with optional q/k/v biases, SwiGLU MLP.
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
+# Models whose q/k/v and gate/up matrices hold at most this many elements together get them
+# fused for decode steps (`LlamaEngine._fuse`): the tiny policy (0.4M), not SmolLM2-135M (70M).
+FUSE_MAX_ELEMENTS = 4_000_000
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,18 +130,26 @@ class LlamaEngine:
         self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
 
     @staticmethod
-    def _fuse(layer: tuple[Any, ...]) -> tuple[Any, ...]:
-        """A layer's weights for decode steps: q, k, v as one matrix and gate, up as one, so
-        a step runs 2 matmuls fewer per layer (a step of a small model is mostly the cost
-        of calling its kernels). Same outputs: each output is still its own row's dot product."""
-        ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, wu, wd = layer
-        biases = (bq, bk, bv)
-        if all(b is None for b in biases):
+    def _fuse(layers: list[tuple[Any, ...]]) -> list[tuple[Any, ...] | None]:
+        """Per layer, the weights of decode steps with q, k, v as one matrix and gate, up as
+        one (wqkv, bqkv, wgu), so a step calls 2 matmuls fewer per layer: at the tiny
+        policy's size a step is mostly the cost of calling its kernels. Each output is still
+        its own row's dot product (greedy outputs unchanged, tested). Built at every prefill
+        (a trainer's updates are seen) and only for small models (`FUSE_MAX_ELEMENTS`): for
+        larger ones the matmuls dominate and the copies would only take memory. None = use
+        the separate matrices."""
+        size = sum(w.numel() for layer in layers for w in (layer[1], layer[3], layer[5], layer[10], layer[11]))
+        if size > FUSE_MAX_ELEMENTS:
+            return [None] * len(layers)
+        out: list[tuple[Any, ...] | None] = []
+        for _ln1, wq, bq, wk, bk, wv, bv, _wo, _bo, _ln2, wg, wu, _wd in layers:
+            biases = (bq, bk, bv)
             bqkv = None
-        else:
-            rows = (wq.shape[0], wk.shape[0], wv.shape[0])
-            bqkv = torch.cat([b if b is not None else wq.new_zeros(n) for b, n in zip(biases, rows, strict=True)])
-        return (ln1, torch.cat([wq, wk, wv]), bqkv, wo, bo, ln2, torch.cat([wg, wu]), wd)
+            if any(b is not None for b in biases):
+                rows = (wq.shape[0], wk.shape[0], wv.shape[0])
+                bqkv = torch.cat([b if b is not None else wq.new_zeros(n) for b, n in zip(biases, rows, strict=True)])
+            out.append((torch.cat([wq, wk, wv]), bqkv, torch.cat([wg, wu])))
+        return out
 
     def _attend_last(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """One query token per row, q [B, nh, hd], over the cache k, v [B, nkv, L, hd] with
@@ -211,7 +222,8 @@ class LlamaEngine:
                     for r, (a, b) in enumerate(bounds)])                       # [T, nh, hd]
                 h = h + F.linear(att.reshape(total, nh * hd), wo, bo)
             h = self._mlp(h, ln2, wg, wu, wd)
-        self.fused = [self._fuse(layer) for layer in layers]
+        self.layers = layers
+        self.fused = self._fuse(layers)
         self.pos = torch.tensor(lengths, device=device)
         self.length = width
         return self._logits(h)
@@ -223,16 +235,20 @@ class LlamaEngine:
         h = self.model.model.embed_tokens(tokens)                             # [B, D]
         cos, sin = self.cos[self.pos][:, None], self.sin[self.pos][:, None]    # [B, 1, hd]
         mask = self.bias[:, None, None, :end]
-        for i, (ln1, wqkv, bqkv, wo, bo, ln2, wgu, wd) in enumerate(self.fused):
+        for i, (ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, wu, wd) in enumerate(self.layers):
+            fused = self.fused[i]
             x = _rms_norm(h, ln1, self.eps)
-            q, k, v = F.linear(x, wqkv, bqkv).split((nh * hd, nkv * hd, nkv * hd), dim=-1)
+            if fused is None:
+                q, k, v = F.linear(x, wq, bq), F.linear(x, wk, bk), F.linear(x, wv, bv)
+            else:
+                q, k, v = F.linear(x, fused[0], fused[1]).split((nh * hd, nkv * hd, nkv * hd), dim=-1)
             q = _rope(q.reshape(bsz, nh, hd), cos, sin)
             self.k[i][:, :, col] = _rope(k.reshape(bsz, nkv, hd), cos, sin)
             self.v[i][:, :, col] = v.reshape(bsz, nkv, hd)
             att = self._attend_last(q, self.k[i][:, :, :end], self.v[i][:, :, :end], mask)
             h = h + F.linear(att, wo, bo)
             x = _rms_norm(h, ln2, self.eps)
-            gate, up = F.linear(x, wgu).chunk(2, dim=-1)
+            gate, up = (F.linear(x, wg), F.linear(x, wu)) if fused is None else F.linear(x, fused[2]).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, wd)
         self.pos = self.pos + 1
         self.length = end
