@@ -68,7 +68,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # Queries of the encoder-backend recall comparison. On 512 the paired difference of two
 # encoders has a standard error of ~0.006 (about 10-20 queries change sides either way), too
 # coarse for the 0.005 target: onnx-int8 read -0.0098 on the first 512 of these, 0.0000
-# [-0.0054, +0.0054] on all 2,048 (18 queries lost, 18 gained).
+# [-0.0059, +0.0059] on all 2,048 (18 queries lost, 18 gained; results/retrieval.json).
 ENCODER_QUERIES = 2048
 TARGETS = {"batched_32_clients_ratio": 4.0, "batched_32_clients_p99_ms": 200, "batched_1_client_ratio": 1.0,
            "backend_32_clients_ratio": 6.0, "backend_recall_delta": 0.005, "ann_recall_at_3": 0.95,

@@ -60,7 +60,7 @@ def test_bad_backend_choices_are_clear_errors() -> None:
         Encoder("all-MiniLM-L6-v2", backend="onnx-int8", device="cuda")
 
 
-def test_benchmark_compares_backends_on_the_same_queries(tmp_path) -> None:
+def test_benchmark_compares_backends_on_the_same_queries(torch_encoder, tmp_path) -> None:
     """benchmarks/retrieval.py's encoder section: per backend, the queries it finds that the
     torch encoder misses and the reverse add up to its recall difference, with an interval."""
     import importlib.util
@@ -79,7 +79,7 @@ def test_benchmark_compares_backends_on_the_same_queries(tmp_path) -> None:
     rows = [{"id": str(i), "contents": f"T{i}\n" + " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(30))}
             for i in range(60)]
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    build_index(corpus, tmp_path / "flat", method="dense", index_type="flat", encoder=Encoder("all-MiniLM-L6-v2"))
+    build_index(corpus, tmp_path / "flat", method="dense", index_type="flat", encoder=torch_encoder)
     queries = bench._queries_from(corpus, 40, seed=4)
     out = bench.bench_encoder_backends(["torch", "torch-int8"], tmp_path / "flat", queries,
                                        [r["id"] for r in rows], (1, 8))

@@ -164,9 +164,11 @@ class LlamaEngine:
                                              attn_mask=mask, scale=self.scale)
         return att.reshape(bsz, self.n_heads * self.head_dim)
 
-    def _mlp(self, h: torch.Tensor, ln2: Any, wg: Any, wu: Any, wd: Any) -> torch.Tensor:
+    def _mlp(self, h: torch.Tensor, ln2: Any, wg: Any, wu: Any, wd: Any, wgu: Any = None) -> torch.Tensor:
+        # wgu: gate and up as one matrix (`_fuse`), one matmul instead of two.
         x = _rms_norm(h, ln2, self.eps)
-        return h + F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+        gate, up = (F.linear(x, wg), F.linear(x, wu)) if wgu is None else F.linear(x, wgu).chunk(2, dim=-1)
+        return h + F.linear(F.silu(gate) * up, wd)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         last = _rms_norm(h, self.model.model.norm.weight, self.eps)
@@ -247,9 +249,7 @@ class LlamaEngine:
             self.v[i][:, :, col] = v.reshape(bsz, nkv, hd)
             att = self._attend_last(q, self.k[i][:, :, :end], self.v[i][:, :, :end], mask)
             h = h + F.linear(att, wo, bo)
-            x = _rms_norm(h, ln2, self.eps)
-            gate, up = (F.linear(x, wg), F.linear(x, wu)) if fused is None else F.linear(x, fused[2]).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, wd)
+            h = self._mlp(h, ln2, wg, wu, wd, None if fused is None else fused[2])
         self.pos = self.pos + 1
         self.length = end
         return self._logits(h)

@@ -176,13 +176,7 @@ class Episode:
     def repeated_turns(self) -> int:
         """Turns whose prompt the episode already had at an earlier turn (a memory agent whose
         state came back: greedy decoding would replay the cycle; see `GeneratorPolicy`)."""
-        seen: set[tuple[int, ...]] = set()
-        n = 0
-        for t in self.turns:
-            key = tuple(t.prompt_ids)
-            n += key in seen
-            seen.add(key)
-        return n
+        return sum(prompt_seen(self.turns[:i], t.prompt_ids) for i, t in enumerate(self.turns))
 
     @property
     def response_tokens(self) -> int:
@@ -231,6 +225,12 @@ def full_context_messages(episode: Episode, turn_index: int, system_prompt: str 
     """The full-history messages the policy would see at `turn_index` of `episode`
     (for the memory reward's eps="full_context"; see `mempo.agent.step.full_context_messages`)."""
     return turn_step.full_context_messages(episode.question, episode.turns[:turn_index], system_prompt)  # type: ignore[arg-type]
+
+
+def prompt_seen(turns: Sequence[TurnRecord], prompt_ids: Sequence[int]) -> bool:
+    """Whether one of `turns` had exactly this prompt: the one rule for a repeated turn (the
+    rollout marks the next turn with it, `Episode.repeated_turns` counts it afterwards)."""
+    return any(t.prompt_ids == prompt_ids for t in turns)
 
 
 def repeat_seed(seed: int, episode_id: str, turn_index: int) -> int:
@@ -336,7 +336,7 @@ async def run_episode(
             ep.hit_context_limit = True
             break
         last = steps.turns[-1] if steps.turns else None
-        repeats = any(t.prompt_ids == prompt_ids for t in ep.turns)  # the records keep every prompt
+        repeats = prompt_seen(ep.turns, prompt_ids)  # the records keep every prompt
         gen = await policy.respond(TurnRequest(ep.episode_id, item, len(steps.turns), msgs, prompt_ids,
                                                last.parsed if last else None, last.observation if last else None,
                                                repeats=repeats))
