@@ -110,16 +110,16 @@ def answer_probability(
     prompts: Sequence[str],
     answers: Sequence[str],
     batch_size: int = 16,
-    padding_side: Literal["left", "right"] = "left",
+    padding_side: Literal["left", "right"] = "right",
 ) -> AnswerProbability:
     """Teacher-forced probability of each answer after its prompt, batched.
 
     Prompt and answer are tokenised separately (no special tokens added) and concatenated,
-    so the scored tokens are exactly the answer's tokens. Padded rows get explicit position
-    ids (cumulative attention), so results match unbatched calls for either padding side.
-    Log-softmax is taken in float32. With left padding only the last (max answer length + 1)
-    positions' logits are computed (`logits_to_keep`), which keeps memory flat in the prompt
-    length for large vocabularies.
+    so the scored tokens are exactly the answer's tokens. Results match unbatched calls for
+    either padding side (left-padded rows get position ids from the mask). Log-softmax is
+    taken in float32. Logits are computed at the answer positions only, and a right-padded
+    batch runs without a mask (`mempo.training.forward.logits_at`), which keeps the cost of
+    the head flat in the prompt length and lets attention use its causal kernel.
 
     Args:
         model: a transformers causal LM (eval mode is the caller's job; no grad is taken).
@@ -127,10 +127,12 @@ def answer_probability(
         prompts: N rendered prompt strings (e.g. `render_prompt(..., ANSWER_PROBE_PREFIX)`).
         answers: N answer strings, scored as given (e.g. `answer_continuation(a)`).
         batch_size: rows per forward pass.
-        padding_side: "left" (default, cheaper) or "right".
+        padding_side: "right" (default, cheaper: no mask) or "left".
     Returns:
         `AnswerProbability` with tensors of shape [N] on the CPU.
     """
+    from mempo.training.forward import logits_at
+
     if len(prompts) != len(answers):
         raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
     probs: list[torch.Tensor] = []
@@ -140,9 +142,10 @@ def answer_probability(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     all_p = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
     all_a = [tokenizer.encode(a, add_special_tokens=False) for a in answers]
-    for i, a in enumerate(all_a):
-        if not a:
-            raise ValueError(f"answer {i} tokenises to nothing: {answers[i]!r}")
+    for i, (p, a) in enumerate(zip(all_p, all_a, strict=True)):
+        if not a or not p:
+            raise ValueError(f"{'answer' if not a else 'prompt'} {i} tokenises to nothing: "
+                             f"{(answers if not a else prompts)[i]!r}")
     # Batches of similar length (less padding: full-history probes range from tens to thousands
     # of tokens); results go back to the callers' order below.
     order = sorted(range(len(prompts)), key=lambda i: len(all_p[i]) + len(all_a[i]))
@@ -161,31 +164,19 @@ def answer_probability(
             input_ids[r, off:off + len(s)] = torch.tensor(s)
             attention[r, off:off + len(s)] = 1
             offsets.append(off)
-        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-        kwargs: dict[str, Any] = {}
-        keep = width
-        if padding_side == "left":
-            keep = max(len(a) for a in a_ids) + 1
-            kwargs["logits_to_keep"] = keep
-        inputs = dict(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                      position_ids=position_ids.to(device))
-        with torch.no_grad():
-            try:
-                logits = model(**inputs, **kwargs).logits
-            except TypeError:  # architectures without `logits_to_keep`: compute all positions
-                logits = model(**inputs).logits
-        logits = logits[:, -keep:].float()
-        base = width - keep  # sequence index of logits[:, 0]
+        # the token at sequence index j is predicted by the logits at index j - 1
+        where = torch.zeros((b, width), dtype=torch.bool)
         for r in range(b):
-            la = len(a_ids[r])
             first = offsets[r] + len(p_ids[r])  # sequence index of the first answer token
-            # token at sequence index j is predicted by the logits at index j - 1
-            rows = logits[r, first - 1 - base:first - 1 - base + la]
+            where[r, first - 1:first - 1 + len(a_ids[r])] = True
+        with torch.no_grad():
+            logits = logits_at(model, input_ids.to(device), attention.to(device), where.to(device)).float()
+        for r, rows in enumerate(logits.split([len(x) for x in a_ids])):
             logp = rows.log_softmax(-1).gather(-1, torch.tensor(a_ids[r], device=rows.device)[:, None])[:, 0]
             mean = logp.mean().cpu()
             means.append(mean)
             probs.append(mean.exp())
-            counts.append(torch.tensor(la))
+            counts.append(torch.tensor(len(a_ids[r])))
     back = sorted(range(len(order)), key=lambda j: order[j])  # position in `order` of each input
     return AnswerProbability(torch.stack([probs[j] for j in back]), torch.stack([means[j] for j in back]),
                              torch.stack([counts[j] for j in back]).long())

@@ -97,6 +97,39 @@ def test_full_history_turns_merge_into_one_sample_with_the_same_loss_per_respons
     assert merge_prefix_turns(memory) == memory
 
 
+def test_sft_loss_without_the_mask_and_with_the_head_on_loss_positions_equals_the_models_own(
+    setup: dict[str, Path]
+) -> None:
+    """token_loss drops a right-padded batch's attention mask and runs the LM head only where a
+    next token has a weight; loss, weight sum and gradients equal the model's own forward (the
+    mask, logits everywhere): memory turns of different lengths (padding), merged
+    full-history episodes with several loss spans, prompt weights."""
+    import torch
+
+    from mempo.training.forward import has_plain_head
+    from mempo.training.runtime import load_policy
+    from mempo.training.sft import collate, merge_prefix_turns, token_loss, tokenize_samples
+    from mempo.training.sft_data import load_sft_samples
+
+    model, tok = load_policy(setup["sft"] / "model", "cpu", "float32")
+    assert has_plain_head(model) and not has_plain_head(torch.nn.Linear(2, 2))
+    episodes = setup["sft"] / "trajectories" / "train_episodes.jsonl"
+    memory = tokenize_samples(load_sft_samples(episodes, "memory")[:6], tok)
+    full = merge_prefix_turns(tokenize_samples(load_sft_samples(episodes, "full")[:12], tok, prompt_lm=True))
+    assert len({len(s.input_ids) for s in memory}) > 1 and max(len(s.loss_spans()) for s in full) > 1
+    for batch in (collate(memory, tok.pad_token_id), collate(full[:3], tok.pad_token_id, prompt_weight=0.3)):
+        grads = []
+        for every in (False, True):
+            model.zero_grad(set_to_none=True)
+            loss, n = token_loss(model, batch, "cpu", reference=every)
+            (loss / n).backward()
+            grads.append((loss.item(), n, [p.grad.clone() for p in model.parameters()]))
+        (fast, n_fast, g_fast), (ref, n_ref, g_ref) = grads
+        assert n_fast == n_ref > 0 and abs(fast - ref) <= 1e-4 * abs(ref)
+        assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(g_fast, g_ref, strict=True))
+        assert any(float(g.abs().sum()) > 0 for g in g_fast)
+
+
 @pytest.fixture(scope="module")
 def setup(tiny_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny policy -> a short SFT -> prepared parquet (rl part) for GRPO."""

@@ -156,22 +156,37 @@ def collate(batch: Sequence[TokenizedSample], pad_id: int, prompt_weight: float 
     return {"input_ids": ids, "attention_mask": att, "labels": labels, "loss_weights": weights}
 
 
-def token_loss(model: Any, batch: dict[str, Any], device: Any) -> tuple[Any, float]:
+def token_loss(model: Any, batch: dict[str, Any], device: Any, reference: bool = False) -> tuple[Any, float]:
     """Weighted sum of next-token cross-entropy (`loss_weights`; without them, 1 on labelled
     tokens) and the sum of the weights. Divide for the weighted token mean; with no prompt
     weight that is the mean over assistant tokens.
+
+    Logits come only from the positions whose next token has a weight, and a right-padded
+    batch (as `collate` pads) runs without its mask (`mempo.training.forward.logits_at`):
+    the padding and retrieved passages that make up most of an SFT batch get no LM head.
+    `reference` is the model's own forward instead: the mask, logits at every position (what
+    the tests compare with).
 
     Returns (loss_sum: scalar tensor, weight_sum: float).
     """
     import torch.nn.functional as F
 
+    from mempo.training.forward import logits_at
+
     ids = batch["input_ids"].to(device)
-    logits = model(input_ids=ids, attention_mask=batch["attention_mask"].to(device)).logits[:, :-1].float()
+    att = batch["attention_mask"].to(device)
     weights = batch.get("loss_weights")
     weights = (batch["labels"] != -100).float() if weights is None else weights
-    weights = weights.to(device)[:, 1:]
-    ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
-    return (ce * weights.reshape(-1)).sum(), float(weights.sum())
+    weights = weights.to(device)[:, 1:]  # weights[:, t]: the token at t + 1, predicted at t
+    targets = ids[:, 1:]
+    if reference:
+        logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
+        ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+        return (ce * weights.reshape(-1)).sum(), float(weights.sum())
+    sel = weights != 0
+    logits = logits_at(model, ids, att, F.pad(sel, (0, 1))).float()  # [positions with a weight, vocabulary]
+    ce = F.cross_entropy(logits, targets[sel], reduction="none")
+    return (ce * weights[sel]).sum(), float(weights.sum())
 
 
 def length_bucketed_batches(
