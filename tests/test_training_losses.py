@@ -38,6 +38,20 @@ def test_batched_logprobs_match_one_sequence_at_a_time(small_lm) -> None:
         torch.testing.assert_close(logp[r, :len(resp)], expect, atol=1e-5, rtol=1e-5)
         assert torch.all(logp[r, len(resp):] == 0)
         assert torch.all(ent[r, :len(resp)] > 0) and torch.all(ent[r, len(resp):] == 0)
+    # the gradient of the batched log-probs (right padding, no mask, head at response positions)
+    # is the gradient of the one-at-a-time ones
+    grads = []
+    for batched in (True, False):
+        small_lm.zero_grad(set_to_none=True)
+        if batched:
+            total = response_logprobs(small_lm, batch)[0].sum()
+        else:
+            total = sum(torch.log_softmax(small_lm(input_ids=torch.tensor([p + resp])).logits[0], -1)[
+                torch.arange(len(p) - 1, len(p) + len(resp) - 1), torch.tensor(resp)].sum()
+                for p, resp in zip(prompts, responses, strict=True))
+        total.backward()
+        grads.append([q.grad.clone() for q in small_lm.parameters()])
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(*grads, strict=True))
 
 
 def test_low_var_kl_is_zero_on_equal_policies_and_positive_otherwise() -> None:

@@ -1,6 +1,6 @@
 """Token log-probabilities and the GRPO objective pieces (clipped surrogate, low_var_kl).
 
-    batch = pack_turns(prompts, responses, pad_id)                   # left-padded
+    batch = pack_turns(prompts, responses, pad_id)                   # right-padded
     logp, entropy = response_logprobs(model, batch, temperature=1.0)  # [m, L] each
     loss_sum, stats = clipped_surrogate(logp, old_logp, adv, weight, 0.2, 0.2)
 
@@ -22,10 +22,10 @@ import torch
 
 @dataclass
 class TurnBatch:
-    """Left-padded prompt+response sequences of m turn records.
+    """Right-padded prompt+response sequences of m turn records.
 
     Attributes:
-        input_ids: [m, T] token ids (pad on the left).
+        input_ids: [m, T] token ids (pad on the right).
         attention_mask: [m, T] 1 on real tokens.
         position_ids: [m, T] positions counted over real tokens only.
         mask: [m, L] 1 on real response tokens (response token j at column j).
@@ -44,15 +44,16 @@ class TurnBatch:
 
 
 def pack_turns(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int) -> TurnBatch:
-    """Concatenate each prompt with its response and left-pad to the longest sequence."""
+    """Concatenate each prompt with its response and right-pad to the longest sequence (so
+    `response_logprobs` runs without a mask: `mempo.training.forward.logits_at`)."""
     seqs = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
     width = max(len(s) for s in seqs)
     m = len(seqs)
     ids = torch.full((m, width), pad_id, dtype=torch.long)
     att = torch.zeros((m, width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        att[i, width - len(s):] = 1
+        ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+        att[i, :len(s)] = 1
     lengths = [len(r) for r in responses]
     max_len = max(max(lengths), 1)
     mask = torch.zeros((m, max_len), dtype=torch.float32)
@@ -76,35 +77,36 @@ def response_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(response token | prefix) for every response token, [m, L] (0 on padding).
 
-    Only the last L+1 positions' logits are computed (`logits_to_keep`), so the cost of the
-    LM head does not grow with the prompt. Logits are divided by `temperature` (the
+    Logits are computed at the response positions only, without a mask for the right-padded
+    batch (`mempo.training.forward.logits_at`), so neither the LM head's cost nor the
+    attention's padding grows with the prompt. Logits are divided by `temperature` (the
     rollout's sampling temperature, as verl does). With `with_entropy`, also the entropy of
     each predictive distribution, [m, L] (computed without grad).
     """
+    from mempo.training.forward import logits_at
+
     m, width = batch.input_ids.shape
     L = batch.mask.shape[1]
-    keep = L + 1
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=batch.position_ids, logits_to_keep=keep).logits
-    logits = logits[:, -keep:].float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    # Response token j of row r is at sequence position width - n_r + j, predicted by the
-    # logits at the previous position, i.e. kept-logits column keep - n_r + j - 1.
-    cols = torch.zeros((m, L), dtype=torch.long, device=logits.device)
-    targets = torch.zeros((m, L), dtype=torch.long, device=logits.device)
+    where = torch.zeros((m, width), dtype=torch.bool, device=batch.input_ids.device)
+    targets = torch.zeros((m, L), dtype=torch.long, device=batch.input_ids.device)
+    ends = batch.attention_mask.sum(-1).tolist()
     for r, n in enumerate(batch.response_lengths):
         if n:
-            j = torch.arange(n, device=logits.device)
-            cols[r, :n] = keep - n + j - 1
-            targets[r, :n] = batch.input_ids[r, width - n:]
-    rows = logits.gather(1, cols[:, :, None].expand(-1, -1, logits.size(-1)))  # [m, L, V]
-    logsm = rows.log_softmax(-1)
-    logp = logsm.gather(-1, targets[:, :, None])[:, :, 0] * batch.mask
+            end = int(ends[r])  # response token j sits at end - n + j, predicted at end - n + j - 1
+            where[r, end - n - 1:end - 1] = True
+            targets[r, :n] = batch.input_ids[r, end - n:end]
+    logits = logits_at(model, batch.input_ids, batch.attention_mask, where).float()  # [response tokens, V]
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    real = batch.mask.bool()  # row-major, as `where`: row r's response tokens in order
+    logsm = logits.log_softmax(-1)
+    lp = logsm.gather(-1, targets[real][:, None])[:, 0]
+    logp = torch.zeros((m, L), dtype=lp.dtype, device=lp.device).masked_scatter(real, lp)
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = -(logsm.exp() * logsm).sum(-1) * batch.mask
+            ent = -(logsm.exp() * logsm).sum(-1)
+            entropy = torch.zeros((m, L), dtype=ent.dtype, device=ent.device).masked_scatter(real, ent)
     return logp, entropy
 
 
