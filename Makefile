@@ -40,7 +40,7 @@ test: setup ## run the test suite (MEMPO_FAST=1 skips tests marked slow)
 	$(BIN)/python -m pytest $(if $(MEMPO_FAST),-m "not slow",) $(PYTEST_ARGS)
 
 # The self-contained benchmarks. Not here: search_r1_cpu.py (the baseline server retrieval.py
-# starts with --baseline-cmd) and side_by_side.py (needs a finished `make run`: --root .).
+# starts with --baseline-cmd), side_by_side.py and sft_step.py (need a finished `make run`: --root .).
 BENCHES := context decode learning retrieval validation verl_plugin
 
 bench: setup ## run the benchmarks in full (writes benchmarks/results/*.json)
