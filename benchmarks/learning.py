@@ -394,7 +394,7 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                    "batch_questions": a.batch_questions, "n_rollouts": a.n_rollouts,
                    "eval_tasks": {b: table["sft"][b]["n"] for b in BENCHES}, "untrained_tasks": a.untrained_n,
                    "sft": "one checkpoint per format (seed 0), shared by the RL seeds"
-                          + (f"; the pipeline's ({a.from_pipeline})" if a.from_pipeline else ""),
+                          + ("; a finished pipeline's (--from-pipeline)" if a.from_pipeline else ""),
                    "policy": "tiny (2 x 128 Qwen2, BPE 1.5k)", "device": a.device},
         "results": table,
         "paired": paired,
