@@ -12,7 +12,8 @@ positions of a batch, the same numbers the model's own forward has there, cheape
   architecture's logits are exactly `lm_head(last hidden state)` (`has_plain_head`), so
   prompt, padding and retrieved-passage positions get none.
 
-Used by the SFT loss (`mempo.training.sft.token_loss`) and the memory reward's answer
+Used by the SFT loss (`mempo.training.sft.token_loss`), the GRPO update's response
+log-probs (`mempo.training.losses.response_logprobs`) and the memory reward's answer
 probabilities (`mempo.advantage.answer_probability`).
 """
 

@@ -27,20 +27,18 @@ class TurnBatch:
     Attributes:
         input_ids: [m, T] token ids (pad on the right).
         attention_mask: [m, T] 1 on real tokens.
-        position_ids: [m, T] positions counted over real tokens only.
         mask: [m, L] 1 on real response tokens (response token j at column j).
         response_lengths: [m] tokens per response.
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
-    position_ids: torch.Tensor
     mask: torch.Tensor
     response_lengths: list[int]
 
     def to(self, device: Any) -> TurnBatch:
-        return TurnBatch(self.input_ids.to(device), self.attention_mask.to(device),
-                         self.position_ids.to(device), self.mask.to(device), self.response_lengths)
+        return TurnBatch(self.input_ids.to(device), self.attention_mask.to(device), self.mask.to(device),
+                         self.response_lengths)
 
 
 def pack_turns(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int) -> TurnBatch:
@@ -59,8 +57,7 @@ def pack_turns(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[in
     mask = torch.zeros((m, max_len), dtype=torch.float32)
     for i, n in enumerate(lengths):
         mask[i, :n] = 1.0
-    pos = (att.cumsum(-1) - 1).clamp(min=0)
-    return TurnBatch(ids, att, pos, mask, lengths)
+    return TurnBatch(ids, att, mask, lengths)
 
 
 def pad_rows(rows: Sequence[Sequence[float]], width: int, value: float = 0.0) -> torch.Tensor:
