@@ -47,7 +47,7 @@ def format_batches(root: Path, context: str, steps: int) -> tuple[list[dict[str,
     """The first `steps` batches of the SFT stage of `context` (memory | full), built as
     `run_sft` builds them (dvc.yaml's sft / sft_full settings), with the stage's facts."""
     from mempo.config import load_params
-    from mempo.training.runtime import load_policy
+    from mempo.training.runtime import load_tokenizer
     from mempo.training.sft import (
         collate,
         length_bucketed_batches,
@@ -58,7 +58,7 @@ def format_batches(root: Path, context: str, steps: int) -> tuple[list[dict[str,
 
     p = load_params(REPO / "params.yaml", {"rollout.context": context}).sft
     max_tokens = 4096 if context == "full" else p.max_tokens  # dvc.yaml's sft_full sets 4096
-    _, tok = load_policy(root / "outputs" / "policy", "cpu", "float32")
+    tok = load_tokenizer(root / "outputs" / "policy")
     samples = load_sft_samples(root / "outputs" / "teacher" / "train_episodes.jsonl", context)
     turns = tokenize_samples(samples, tok, max_tokens, prompt_lm=p.prompt_loss_weight > 0)
     merged = merge_prefix_turns(turns, max_tokens)
