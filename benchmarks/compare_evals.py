@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/compare_evals.py --base e2=<eval dir> --runs e3=<dir> e4=<dir> \
         --agent memory --out benchmarks/results/sft_epochs.json --note "what was trained, how"
 
-Each folder is a `mempo eval --out` folder (its `samples.parquet`). Per benchmark and policy:
+Each folder is a `mempo eval --out` folder (its `samples.parquet`); NAME=DIR1,DIR2 joins the
+benchmarks of several folders of one policy. Per benchmark and policy:
 n, EM, objective EM and all-correct (k > 1), format validity and the episode outcome shares
 (`mempo.evaluation.outcomes`); per run, the paired difference from the base on EM (and on
 objective EM for k > 1) over the tasks both evaluated, with a bootstrap 95 % interval over
@@ -24,27 +25,29 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def _named(spec: str) -> tuple[str, Path]:
-    name, sep, path = spec.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"'{spec}': expected NAME=EVAL_DIR")
-    return name, Path(path)
+def _named(spec: str) -> tuple[str, list[Path]]:
+    name, sep, paths = spec.partition("=")
+    if not sep or not name or not paths:
+        raise argparse.ArgumentTypeError(f"'{spec}': expected NAME=EVAL_DIR[,EVAL_DIR...]")
+    return name, [Path(p) for p in paths.split(",")]
 
 
-def load_rows(folder: Path, agent: str) -> dict[str, dict[str, dict[str, Any]]]:
-    """benchmark -> task id -> sample row of `agent` in `folder/samples.parquet`."""
+def load_rows(folders: list[Path], agent: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """benchmark -> task id -> sample row of `agent` in each `folder/samples.parquet`
+    (several folders: e.g. one `mempo eval` per benchmark of the same policy)."""
     import pandas as pd
 
-    path = folder / "samples.parquet"
-    if not path.is_file():
-        raise SystemExit(f"error: {path}: no samples.parquet (not a `mempo eval --out` folder?)")
-    frame = pd.read_parquet(path)
-    frame = frame[frame["agent"] == agent]
-    if frame.empty:
-        raise SystemExit(f"error: {path}: no rows of agent '{agent}'")
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for row in frame.to_dict("records"):
-        out.setdefault(str(row["benchmark"]), {})[str(row["id"])] = row
+    for folder in folders:
+        path = folder / "samples.parquet"
+        if not path.is_file():
+            raise SystemExit(f"error: {path}: no samples.parquet (not a `mempo eval --out` folder?)")
+        frame = pd.read_parquet(path)
+        frame = frame[frame["agent"] == agent]
+        if frame.empty:
+            raise SystemExit(f"error: {path}: no rows of agent '{agent}'")
+        for row in frame.to_dict("records"):
+            out.setdefault(str(row["benchmark"]), {})[str(row["id"])] = row
     return out
 
 
@@ -61,7 +64,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "outcomes": outcome_shares(rows)}
 
 
-def compare(base: tuple[str, Path], runs: list[tuple[str, Path]], agent: str, n_boot: int = 2000) -> dict[str, Any]:
+def compare(base: tuple[str, list[Path]], runs: list[tuple[str, list[Path]]], agent: str, n_boot: int = 2000) -> dict[str, Any]:
     from mempo.evaluation.stats import paired_bootstrap
 
     base_rows = load_rows(base[1], agent)
@@ -83,8 +86,8 @@ def compare(base: tuple[str, Path], runs: list[tuple[str, Path]], agent: str, n_
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base", type=_named, required=True, help="NAME=EVAL_DIR the others are compared with")
-    ap.add_argument("--runs", type=_named, nargs="+", required=True, help="NAME=EVAL_DIR ...")
+    ap.add_argument("--base", type=_named, required=True, help="NAME=EVAL_DIR[,EVAL_DIR...] the others are compared with")
+    ap.add_argument("--runs", type=_named, nargs="+", required=True, help="NAME=EVAL_DIR[,EVAL_DIR...] ...")
     ap.add_argument("--agent", default="memory")
     ap.add_argument("--out", type=Path, required=True, help="JSON to write")
     ap.add_argument("--note", default="", help="what the policies are and how they were made")
