@@ -50,6 +50,19 @@ def test_paired_differences_over_shared_tasks_and_outcomes(tmp_path: Path) -> No
     assert res["x"]["outcomes"]["correct"] == pytest.approx(0.75)
 
 
+def test_several_folders_of_one_policy_are_joined(tmp_path: Path) -> None:
+    mod = _module()
+    base = _write(tmp_path / "base", [0, 1], [0.5, 1], [0, 0])
+    extra = tmp_path / "k4"
+    extra.mkdir()
+    pd.DataFrame([{"agent": "memory", "benchmark": "world-k4", "id": "q0", "k": 4, "em": 0.0,
+                   "objective_em": 0.25, "all_correct": 0.0, "prediction": "a; b; c; d"}]).to_parquet(
+        extra / "samples.parquet")
+    rows = mod.load_rows([base, extra], "memory")
+    assert sorted(rows) == ["world-k2", "world-k4"] and len(rows["world-k2"]) == 2
+    assert rows["world-k4"]["q0"]["objective_em"] == pytest.approx(0.25)
+
+
 def test_a_folder_without_samples_is_named(tmp_path: Path) -> None:
     mod = _module()
     base = _write(tmp_path / "base", [1], [1], [0])
