@@ -13,6 +13,7 @@ Variants (every one trained from this repository's params.yaml, only the keys be
     grpo        sft + GRPO without the memory advantage (lambda_mem 0, MEM1 style)
     mempo       sft + GRPO + A^M with the method's reward (eps full_context, form logprob)
     mempo_prev  ablation: sft + GRPO + A^M with eps previous, form prob
+    mempo_skip  mempo with final_memory skip: each episode's last memory gets no A^M
     full        sft_full + GRPO in the full-history format (Search-R1 style)
 
 Protocol: the small world's entity-disjoint splits. The scripted teacher solves train
@@ -59,10 +60,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # RL variants: (start policy format, params overrides on top of params.yaml).
 RL_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("memory", {"mempo.lambda_mem": 0.0}),
-    "mempo": ("memory", {"mempo.lambda_mem": 1.0, "mempo.eps": "full_context", "mempo.form": "logprob"}),
+    "mempo": ("memory", {"mempo.lambda_mem": 1.0, "mempo.eps": "full_context", "mempo.form": "logprob",
+                         "mempo.final_memory": "score"}),
+    "mempo_skip": ("memory", {"mempo.lambda_mem": 1.0, "mempo.eps": "full_context", "mempo.form": "logprob",
+                              "mempo.final_memory": "skip"}),
     "mempo_prev": ("memory", {"mempo.lambda_mem": 1.0, "mempo.eps": "previous", "mempo.form": "prob"}),
     "full": ("full", {"mempo.lambda_mem": 0.0, "rollout.context": "full"}),
 }
+DEFAULT_VARIANTS = ["grpo", "mempo", "mempo_prev", "full"]  # mempo_skip: by --variants
 AGENT_OF_FORMAT = {"memory": "memory", "full": "full_context"}
 BENCHES = ("single", "k2", "k4")
 REPORTED = ("em", "objective_em", "all_correct", "forgetting_rate", "format_valid", "peak_prompt_tokens",
@@ -99,7 +104,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     q = a.quick
     a.seeds = a.seeds or ([0, 1] if q else [0, 1, 2, 3, 4])
     a.full_seeds = a.full_seeds or a.seeds
-    a.variants = a.variants or list(RL_VARIANTS)
+    a.variants = a.variants or DEFAULT_VARIANTS
     a.sft_steps = a.sft_steps if a.sft_steps is not None else (300 if q else 0)
     a.rl_steps = a.rl_steps or (8 if q else 40)
     a.batch_questions = a.batch_questions or (4 if q else 8)
@@ -351,7 +356,9 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
     paired: dict[str, dict[str, Any]] = {}
     for name, (x, y) in {"mempo_minus_grpo": ("mempo", "grpo"), "mempo_minus_full": ("mempo", "full"),
                          "mempo_prev_minus_grpo": ("mempo_prev", "grpo"),
-                         "mempo_minus_mempo_prev": ("mempo", "mempo_prev")}.items():
+                         "mempo_minus_mempo_prev": ("mempo", "mempo_prev"),
+                         "mempo_skip_minus_grpo": ("mempo_skip", "grpo"),
+                         "mempo_skip_minus_mempo": ("mempo_skip", "mempo")}.items():
         if x not in variants or y not in variants:
             continue
         # pairs on the seeds both variants ran (seed s of each saw the same task order)

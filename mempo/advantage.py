@@ -17,6 +17,10 @@ eps="previous" (the score of the previous turn's memory, 0 before the first memo
 eps="none", form="prob" (geometric-mean probabilities instead of mean log-probabilities).
 A^M is normalised with norm_by_std=True within (group, turn index) (group="per_turn").
 Standard deviations are the unbiased sample std (as verl's GRPO); a group of one gives 0.
+`final_memory="skip"` (`mempo.final_memory`) leaves each rollout's last memory out of A^M
+(`last_turn_flags`): it is read by no later turn, and a memory written as the episode
+closes ("Answers: a1; a2.") scores high for the answers it has found, so scoring it
+credits closing, wrong parts included (docs/results.md, "Why MemPO answers early").
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 EpsMode = Literal["previous", "full_context", "none"]
 RewardForm = Literal["prob", "logprob"]
 MemGroupMode = Literal["per_turn", "per_group"]
+FinalMemoryMode = Literal["score", "skip"]
 
 GroupIds = Sequence[Hashable] | torch.Tensor
 
@@ -295,6 +300,16 @@ def memory_reward(
         mem_scores, [t.rollout_id for t in turns], [t.turn_index for t in turns], eps, full_scores)
 
 
+def last_turn_flags(rollout_ids: GroupIds, turn_index: torch.Tensor | Sequence[int]) -> torch.Tensor:
+    """True for each rollout's last turn record (its highest turn index), bool [M]."""
+    codes = _codes(rollout_ids).tolist()
+    turns = torch.as_tensor(turn_index).reshape(-1).tolist()
+    last: dict[int, int] = {}
+    for c, t in zip(codes, turns, strict=True):
+        last[c] = max(last.get(c, t), int(t))
+    return torch.tensor([int(t) == last[c] for c, t in zip(codes, turns, strict=True)], dtype=torch.bool)
+
+
 def memory_advantage(
     rewards: torch.Tensor | Sequence[float],
     group_ids: GroupIds,
@@ -303,6 +318,7 @@ def memory_advantage(
     group: MemGroupMode = "per_turn",
     eps: float = 1e-6,
     min_std: float = 0.0,
+    skip: torch.Tensor | Sequence[bool] | None = None,
 ) -> torch.Tensor:
     """A^M: memory rewards normalised like GRPO within each (prompt group, turn index).
 
@@ -318,10 +334,23 @@ def memory_advantage(
             of a set scores about the same (e.g. P(answer) ~ 1e-5 for all, a policy that never
             finds the answer), dividing by their tiny std would turn noise into unit-size
             advantages. With a floor, differences far below it give advantages near 0.
+        skip: [M] flags; a skipped record gets 0 and is left out of the normalisation sets
+            (e.g. `last_turn_flags` for `final_memory="skip"`).
     Returns:
         float tensor [M]; 0 for records alone in their normalisation set.
     """
     r = _as_float64(rewards)
+    if skip is not None:
+        drop = torch.as_tensor(skip, dtype=torch.bool).reshape(-1)
+        if drop.numel() != r.numel():
+            raise ValueError(f"skip has {drop.numel()} flags for {r.numel()} memory rewards")
+        out = torch.zeros(r.numel(), dtype=torch.float32)
+        keep = (~drop).nonzero().reshape(-1)
+        if keep.numel():
+            g_all, t_all = list(group_ids), torch.as_tensor(turn_index).reshape(-1)
+            out[keep] = memory_advantage(r[keep], [g_all[i] for i in keep.tolist()], t_all[keep], norm_by_std,
+                                         group, eps, min_std)
+        return out
     g = _codes(group_ids).tolist()
     if group == "per_turn":
         t = torch.as_tensor(turn_index).reshape(-1).tolist()

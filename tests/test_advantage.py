@@ -16,6 +16,7 @@ from mempo.advantage import (
     answer_probability,
     combine,
     grpo_outcome_advantage,
+    last_turn_flags,
     memory_advantage,
     memory_reward,
     memory_reward_from_scores,
@@ -117,6 +118,25 @@ def test_memory_advantage_per_group_and_unnormalised_hand_worked():
     assert adv[:6].tolist() == pytest.approx(expected_p1, abs=1e-4)
     centred = memory_advantage(r, GROUP, TURN, norm_by_std=False)
     assert centred[:3].tolist() == pytest.approx([-1 / 30, 0.05, 0.0], abs=1e-6)
+
+
+def test_last_turn_flags_and_skipping_final_memories_hand_worked():
+    flags = last_turn_flags(ROLLOUT, TURN)
+    # a: turns 0-2, b: 0-1, c: 0, d: 0-1, e: 0-1, f: 0-2 -> each rollout's highest turn index
+    assert flags.tolist() == [False, False, True, False, True, True, False, True, False, True, False, False, True]
+    r = memory_reward_from_scores(PROB, ROLLOUT, TURN, eps="none")
+    adv = memory_advantage(r, GROUP, TURN, skip=flags)
+    assert adv[flags].tolist() == [0.0] * 6
+    # P1 turn 0 without c (the last memory of a one-turn rollout): a 0.2, b 0.1 -> +-1/sqrt(2);
+    # with c (0.4) in the set, a would be below the mean instead (-0.218).
+    assert adv[[0, 3]].tolist() == pytest.approx([H, -H], abs=1e-4)
+    assert memory_advantage(r, GROUP, TURN)[0].item() == pytest.approx(-A, abs=1e-5)
+    # P2 turn 1: d, e, f reach it but only f continues -> alone in its set -> 0
+    assert adv[11].item() == 0.0
+    # skipping nothing is the plain advantage; a flag per reward is required
+    assert torch.equal(memory_advantage(r, GROUP, TURN, skip=[False] * 13), memory_advantage(r, GROUP, TURN))
+    with pytest.raises(ValueError, match="12 flags for 13"):
+        memory_advantage(r, GROUP, TURN, skip=[False] * 12)
 
 
 def test_combine_hand_worked():

@@ -100,3 +100,23 @@ def test_episode_metrics_split_em_and_format_by_number_of_objectives() -> None:
     assert got["em_k1"] == 0.5 and got["em_k2"] == 0.0 and got["format_valid_k2"] == 1.0
     assert episode_metrics([single_right, k2_half], [1.0, 0.5], "mean")["em_k2"] == 0.5  # the training rule
     assert "em_k1" not in episode_metrics([single_right, single_wrong], [1.0, 0.0], "all")  # no mixture, no split
+
+
+def test_final_memory_skip_gives_each_episodes_last_memory_only_a_t(step_batch) -> None:
+    from mempo.training.grpo_update import build_turn_samples
+
+    eps, groups, outcome, mem_r, mp = step_batch
+    samples, adv = build_turn_samples(eps, groups, outcome, mem_r, 1.0, mp.model_copy(update={"final_memory": "skip"}))
+    last = [t.turn_index == len(ep.turns) - 1 for ep in eps for t in ep.turns]
+    assert last == [False, True, True, False, True, False, True]
+    assert [float(a) for a, is_last in zip(adv["A_M"], last, strict=True) if is_last] == [0.0] * 4
+    for s, is_last in zip(samples, last, strict=True):
+        if is_last:  # the answer turn's memory tokens get the outcome advantage alone
+            assert s.advantages == [float(adv["A_T"][s.episode])] * len(s.response_ids)
+    # B's turn-0 memories (both episodes continue) keep their advantage: 0.1 vs 0.2 -> -+1/sqrt(2);
+    # A's turn-0 set now holds only episode A#0 (A#1's one memory is its last) -> 0.
+    assert float(adv["A_M"][3]) == pytest.approx(-(2 ** -0.5), abs=1e-4)
+    assert float(adv["A_M"][5]) == pytest.approx(2 ** -0.5, abs=1e-4)
+    assert float(adv["A_M"][0]) == 0.0
+    _, scored = build_turn_samples(eps, groups, outcome, mem_r, 1.0, mp)
+    assert float(scored["A_M"][0]) != 0.0  # with final memories scored, A#1's one memory joins A's turn-0 set

@@ -64,7 +64,7 @@ def _local_advantages(eps, cfg: MempoAdvantageConfig) -> dict[tuple[str, int, in
     r_m = memory_reward_from_scores(scores, [episodes[i].episode_id for i, _ in records], [t for _, t in records],
                                     cfg.eps, full if cfg.eps == "full_context" else None)
     mempo = MempoParams(eps=cfg.eps, norm_by_std=cfg.norm_by_std, mem_adv_group=cfg.mem_adv_group,
-                        adv_eps=cfg.adv_eps)
+                        adv_eps=cfg.adv_eps, final_memory=cfg.final_memory)
     samples, _ = build_turn_samples(episodes, [e.item_id for e in episodes], [e["R"] for e in eps], r_m,
                                     cfg.lambda_mem, mempo)
     assert len(samples) == len(records)
@@ -107,6 +107,7 @@ def _verl_rows(eps, shuffle_seed: int = 1, padding_rows: int = 1):
     MempoAdvantageConfig(),  # the method's reward: eps full_context, form logprob
     MempoAdvantageConfig(lambda_mem=0.5, eps="none", norm_by_std=False, mem_adv_group="per_group"),
     MempoAdvantageConfig(eps="previous", form="prob"),
+    MempoAdvantageConfig(final_memory="skip"),
 ])
 def test_trainer_advantage_step_equals_local_trainer_advantages(cfg):
     from verl.protocol import DataProto

@@ -29,6 +29,8 @@ HYDRA_MEMPO_KEYS: dict[str, tuple[str, str, str]] = {
     "adv_eps": ("mempo", "adv_eps", "added to the std in both normalisations"),
     "mem_adv_min_std": ("mempo", "mem_adv_min_std", "floor of the std that divides A^M: memories that all score "
                                                     "about the same get A^M ~ 0"),
+    "final_memory": ("mempo", "final_memory", "score | skip: each episode's last memory (read by no later turn) "
+                                              "gets no A^M and is left out of its normalisation"),
     "max_turns": ("rollout", "max_turns", "turns per episode (params: rollout.max_turns)"),
     "max_new_tokens": ("rollout", "max_new_tokens", "tokens generated per turn (params: rollout.max_new_tokens); "
                                                     "also capped by data.max_response_length"),

@@ -82,7 +82,7 @@ def build_turn_samples(
     """
     import torch
 
-    from mempo.advantage import combine, grpo_outcome_advantage, memory_advantage
+    from mempo.advantage import combine, grpo_outcome_advantage, last_turn_flags, memory_advantage
 
     a_t = grpo_outcome_advantage(list(outcome_rewards), list(group_ids), mempo.norm_by_std, mempo.adv_eps)
     rec_episode = [e for e, ep in enumerate(episodes) for _ in ep.turns]
@@ -92,8 +92,9 @@ def build_turn_samples(
     if memory_rewards is None:
         a_m = torch.zeros(m)
     else:
+        skip = last_turn_flags(rec_episode, rec_turn) if mempo.final_memory == "skip" else None
         a_m = memory_advantage(memory_rewards, rec_group, rec_turn, mempo.norm_by_std,
-                               mempo.mem_adv_group, mempo.adv_eps, mempo.mem_adv_min_std)
+                               mempo.mem_adv_group, mempo.adv_eps, mempo.mem_adv_min_std, skip)
     tokens_per_episode = [sum(len(t.response_ids) for t in ep.turns) for ep in episodes]
     n_eps = len(episodes)
     samples: list[TurnSample] = []

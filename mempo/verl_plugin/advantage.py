@@ -28,6 +28,7 @@ import torch
 
 from mempo.advantage import (
     EpsMode,
+    FinalMemoryMode,
     MemGroupMode,
     RewardForm,
     combine,
@@ -52,6 +53,7 @@ class MempoAdvantageConfig:
         mem_adv_group: per_turn | per_group normalisation of A^M.
         adv_eps: added to the std.
         mem_adv_min_std: floor of the std that divides A^M (see `mempo.advantage.memory_advantage`).
+        final_memory: score | skip (each episode's last turn row gets no A^M).
     """
 
     lambda_mem: float = default_of(MempoParams, "lambda_mem")
@@ -61,6 +63,7 @@ class MempoAdvantageConfig:
     mem_adv_group: MemGroupMode = default_of(MempoParams, "mem_adv_group")
     adv_eps: float = default_of(MempoParams, "adv_eps")
     mem_adv_min_std: float = default_of(MempoParams, "mem_adv_min_std")
+    final_memory: FinalMemoryMode = default_of(MempoParams, "final_memory")
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any] | None) -> MempoAdvantageConfig:
@@ -145,10 +148,12 @@ def mempo_advantages(
         full = full_context_scores[idx] if full_context_scores is not None else None
         r_m_real = memory_reward_from_scores(
             mem_scores[idx], [episode_of_row[r] for r in real], turn_index[idx], config.eps, full)
+        last_rows = {row for _, row in last_row.values()}
+        skip = [r in last_rows for r in real] if config.final_memory == "skip" else None
         a_m_real = memory_advantage(
             r_m_real, [uids[r] for r in real], turn_index[idx],
             norm_by_std=config.norm_by_std, group=config.mem_adv_group, eps=config.adv_eps,
-            min_std=config.mem_adv_min_std)
+            min_std=config.mem_adv_min_std, skip=skip)
         r_m[idx] = r_m_real
         a_m[idx] = a_m_real
 
