@@ -188,7 +188,7 @@ def test_grpo_validation_runs_the_eval_code_and_matches_greedy_lockstep_episodes
     from mempo.retrieval import open_retriever
     from mempo.rewards import answer_correctness, token_f1
     from mempo.tasks import compose_multi_objective
-    from mempo.training.grpo import _load_tasks, make_rollout_setup, val_settings, validate
+    from mempo.training.grpo import load_tasks, make_rollout_setup, val_settings, validate
     from mempo.training.rollouts import lockstep_episodes
     from mempo.training.runtime import load_policy
 
@@ -196,7 +196,7 @@ def test_grpo_validation_runs_the_eval_code_and_matches_greedy_lockstep_episodes
                                                                             "train.rollout.max_turns": 4}))
     agent, tp, rule = params.train.rollout_params(), params.train, params.mempo.multi_rule
     model, tok = load_policy(setup["sft"] / "model", "cpu", "float32")
-    singles = _load_tasks(setup["data"], "val")
+    singles = load_tasks(setup["data"], "val")
     tasks = singles[:6] + compose_multi_objective(singles[6:], k=2, n_tasks=2, seed=0)
     with open_retriever(str(setup["corpus"])) as retriever:
         model.eval()
@@ -532,3 +532,28 @@ def test_side_by_side_benchmark_builds_the_grpo_pair_from_dvc_yaml(tmp_path: Pat
     full_sets = [x for x in cmds["train_full"] if "=" in x]
     assert "rollout.context=full" in full_sets and "mempo.lambda_mem=0" in full_sets
     assert full_sets.index("train.out=outputs/train_full") < full_sets.index(f"train.out={tmp_path / 'train_full'}")
+
+
+def test_memory_credit_benchmark_classes_every_turn_record(setup: dict[str, Path], tmp_path: Path) -> None:
+    """benchmarks/memory_credit.py on the tiny policy: every turn record counted once, final
+    memories get 0 with final_memory skip, and A^M is centred."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("memory_credit", REPO / "benchmarks" / "memory_credit.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "credit.json"
+    assert mod.main(["--params", str(tmp_path / "none.yaml"), "--policy", str(setup["sft"] / "model"),
+                     "--data", str(setup["data"]), "--retriever", str(setup["corpus"]), "--tasks", "4", "--k", "1",
+                     "--n-rollouts", "2", "--max-turns", "3", "--max-new-tokens", "40", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["episodes"] == 8
+    classes = res["classes"]
+    assert sum(c["n"] for c in classes.values()) == res["turn_records"] >= 8
+    finals = [name for name in classes if name != "continuing"]
+    assert sum(classes[name]["n"] for name in finals) == 8  # one last turn per episode
+    for name in finals:
+        assert classes[name]["a_m_mean_final_memory_skip"] == 0.0
+    total = sum(c["a_m_mean"] * c["n"] for c in classes.values())
+    assert abs(total) < 1e-3  # A^M sums to 0 within each (task, turn) set, so over all records too

@@ -169,7 +169,8 @@ def run_grpo(params: Any, tracking: bool = True) -> dict[str, Any]:
                    data={"policy": tp.policy, "train_data": str(Path(tp.data) / "train.parquet")})
 
 
-def _load_tasks(data: str | Path, split: str, limit: int | None = None) -> list[Any]:
+def load_tasks(data: str | Path, split: str, limit: int | None = None) -> list[Any]:
+    """The tasks of `data/<split>.parquet` (the data stage's verl schema), ids unique."""
     from mempo.data.schema import load_prepared
 
     path = Path(data) / f"{split}.parquet"
@@ -182,11 +183,31 @@ def _load_tasks(data: str | Path, split: str, limit: int | None = None) -> list[
     return tasks[:limit] if limit else tasks
 
 
+def episode_memory_rewards(model: Any, tokenizer: Any, episodes: Sequence[Any], mempo: Any) -> Any:
+    """R^M (`mempo.advantage.memory_reward`) of every turn record of memory-agent `episodes`,
+    in episode / turn order, with `mempo`'s eps, form and probe batch size: float tensor [M]."""
+    import torch
+
+    from mempo.advantage import MemoryTurn, memory_reward
+
+    turns = [(ep, t) for ep in episodes for t in ep.turns]
+    full_prompts: list[str | None] = [None] * len(turns)
+    if mempo.eps == "full_context":
+        from mempo.agent.format import ANSWER_PROBE_PREFIX, render_prompt
+        from mempo.agent.rollout import full_context_messages
+
+        full_prompts = [render_prompt(tokenizer, full_context_messages(ep, t.turn_index), ANSWER_PROBE_PREFIX)
+                        for ep, t in turns]
+    records = [MemoryTurn(ep.episode_id, t.turn_index, ep.question, t.memory, ep.golden_answers[0], fp)
+               for (ep, t), fp in zip(turns, full_prompts, strict=True)]
+    with torch.no_grad():
+        return memory_reward(model, tokenizer, records, mempo.eps, mempo.form, mempo.probe_batch_size)
+
+
 def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in one place on purpose
     import torch
     from tqdm import tqdm
 
-    from mempo.advantage import MemoryTurn, memory_reward
     from mempo.agent.generation import make_generator
     from mempo.retrieval import open_retriever
     from mempo.tracking import active_run_id, log_metrics
@@ -205,8 +226,8 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
         ref_model = copy.deepcopy(model).eval()
         for prm in ref_model.parameters():
             prm.requires_grad_(False)
-    train_tasks = _load_tasks(tp.data, "train")
-    val_tasks = _load_tasks(tp.data, "val", tp.val_questions) if tp.val_every and tp.val_questions else []
+    train_tasks = load_tasks(tp.data, "train")
+    val_tasks = load_tasks(tp.data, "val", tp.val_questions) if tp.val_every and tp.val_questions else []
     # RL uses a constant LR after a linear warmup (as verl's default actor optimiser).
     opt = torch.optim.AdamW(model.parameters(), lr=tp.lr, weight_decay=tp.weight_decay, betas=(0.9, 0.999))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(tp.warmup_steps, 1)))
@@ -237,17 +258,7 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
             mem_r = None
             turns_flat = [(ep, t) for ep in episodes for t in ep.turns]
             if agent.context == "memory" and (mp.lambda_mem != 0 or tp.log_memory_reward):
-                full_prompts: list[str | None] = [None] * len(turns_flat)
-                if mp.eps == "full_context":
-                    from mempo.agent.format import ANSWER_PROBE_PREFIX, render_prompt
-                    from mempo.agent.rollout import full_context_messages
-
-                    full_prompts = [render_prompt(tok, full_context_messages(ep, t.turn_index),
-                                                  ANSWER_PROBE_PREFIX) for ep, t in turns_flat]
-                mturns = [MemoryTurn(ep.episode_id, t.turn_index, ep.question, t.memory, ep.golden_answers[0],
-                                     fp) for (ep, t), fp in zip(turns_flat, full_prompts, strict=True)]
-                with torch.no_grad():
-                    mem_r = memory_reward(model, tok, mturns, mp.eps, mp.form, mp.probe_batch_size)
+                mem_r = episode_memory_rewards(model, tok, episodes, mp)
             t2 = time.perf_counter()
             # 3. advantages
             samples, adv = build_turn_samples(episodes, groups, rewards, mem_r, mp.lambda_mem, mp)
