@@ -3,21 +3,18 @@ over the shared tasks, outcome shares, and a clear error for a folder without sa
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from benchmark_helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("compare_evals", ROOT / "benchmarks" / "compare_evals.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("compare_evals")
 
 
 def _write(folder: Path, k2_em: list[float], k2_obj: list[float], limit: list[int]) -> Path:

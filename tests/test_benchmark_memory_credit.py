@@ -4,19 +4,12 @@ tests/test_training_grpo.py (it shares that module's SFT fixture)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_helpers import load_benchmark
 
 
 def memory_credit():
-    spec = importlib.util.spec_from_file_location("memory_credit", ROOT / "benchmarks" / "memory_credit.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("memory_credit")
 
 
 def _episode(answer: str | None, n_turns: int):

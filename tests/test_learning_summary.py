@@ -3,20 +3,17 @@ full-history variant may run fewer), paired differences only on the seeds both r
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from benchmark_helpers import load_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def learning():
-    spec = importlib.util.spec_from_file_location("learning_bench", REPO / "benchmarks" / "learning.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("learning")
 
 
 def _job(values: dict[str, list[float]], curve_reward: float = 0.5, **curve: float) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from benchmark_helpers import load_benchmark
 
 from mempo.errors import ConfigError
 from mempo.retrieval.encoder import Encoder, check_encoder_matches
@@ -63,16 +64,11 @@ def test_bad_backend_choices_are_clear_errors() -> None:
 def test_benchmark_compares_backends_on_the_same_queries(torch_encoder, tmp_path) -> None:
     """benchmarks/retrieval.py's encoder section: per backend, the queries it finds that the
     torch encoder misses and the reverse add up to its recall difference, with an interval."""
-    import importlib.util
     import json
-    from pathlib import Path
 
     from mempo.retrieval.index import build_index
 
-    spec = importlib.util.spec_from_file_location(
-        "retrieval_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "retrieval.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("retrieval")
     words = ("river harbour castle mayor chemist founded capital bridge island valley market "
              "painter railway garden abbey mill tower lake forest coast").split()
     corpus = tmp_path / "corpus.jsonl"

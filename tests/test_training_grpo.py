@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from benchmark_helpers import load_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -492,12 +493,9 @@ def test_prompt_lm_loss_weights_skip_retrieved_passages(setup: dict[str, Path]) 
 def test_side_by_side_benchmark_runs_the_sft_stages_both_ways(setup: dict[str, Path], tmp_path: Path) -> None:
     """benchmarks/side_by_side.py on the tiny setup: dvc.yaml's two SFT commands, 2 steps each,
     one after the other twice and side by side once; the JSON has the ratio and its parts."""
-    import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("side_by_side", REPO / "benchmarks" / "side_by_side.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("side_by_side")
     root = tmp_path / "root"
     (root / "outputs").mkdir(parents=True)
     (root / "outputs" / "policy").symlink_to(setup["policy"])
@@ -518,11 +516,7 @@ def test_side_by_side_benchmark_runs_the_sft_stages_both_ways(setup: dict[str, P
 def test_side_by_side_benchmark_builds_the_grpo_pair_from_dvc_yaml(tmp_path: Path) -> None:
     """`--pair grpo`: dvc.yaml's `train` and `train_full` commands with the step budget and the
     output folder set after dvc.yaml's own `--set`s (the last value wins), no retriever URL."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("side_by_side", REPO / "benchmarks" / "side_by_side.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("side_by_side")
     cmds = {name: bench.stage_command(name, 6, tmp_path / name, tmp_path / "teacher") for name in bench.PAIRS["grpo"]}
     for name, argv in cmds.items():
         assert argv[-2:] == ["train", "grpo"] and "--retriever" not in argv
@@ -537,12 +531,9 @@ def test_side_by_side_benchmark_builds_the_grpo_pair_from_dvc_yaml(tmp_path: Pat
 def test_memory_credit_benchmark_classes_every_turn_record(setup: dict[str, Path], tmp_path: Path) -> None:
     """benchmarks/memory_credit.py on the tiny policy: every turn record counted once, final
     memories get 0 with final_memory skip, and A^M is centred."""
-    import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("memory_credit", REPO / "benchmarks" / "memory_credit.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("memory_credit")
     out = tmp_path / "credit.json"
     assert mod.main(["--params", str(tmp_path / "none.yaml"), "--policy", str(setup["sft"] / "model"),
                      "--data", str(setup["data"]), "--retriever", str(setup["corpus"]), "--tasks", "4", "--k", "1",
