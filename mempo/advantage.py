@@ -347,9 +347,9 @@ def memory_advantage(
         out = torch.zeros(r.numel(), dtype=torch.float32)
         keep = (~drop).nonzero().reshape(-1)
         if keep.numel():
-            g_all, t_all = list(group_ids), torch.as_tensor(turn_index).reshape(-1)
-            out[keep] = memory_advantage(r[keep], [g_all[i] for i in keep.tolist()], t_all[keep], norm_by_std,
-                                         group, eps, min_std)
+            kept_groups = _codes(group_ids)[keep]  # codes: a tensor or a list of ids alike
+            out[keep] = memory_advantage(r[keep], kept_groups, torch.as_tensor(turn_index).reshape(-1)[keep],
+                                         norm_by_std, group, eps, min_std)
         return out
     g = _codes(group_ids).tolist()
     if group == "per_turn":

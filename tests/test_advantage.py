@@ -133,6 +133,9 @@ def test_last_turn_flags_and_skipping_final_memories_hand_worked():
     assert memory_advantage(r, GROUP, TURN)[0].item() == pytest.approx(-A, abs=1e-5)
     # P2 turn 1: d, e, f reach it but only f continues -> alone in its set -> 0
     assert adv[11].item() == 0.0
+    # group ids as a tensor of codes give the same sets
+    codes = torch.tensor([0] * 6 + [1] * 7)
+    assert torch.equal(memory_advantage(r, codes, torch.tensor(TURN), skip=flags), adv)
     # skipping nothing is the plain advantage; a flag per reward is required
     assert torch.equal(memory_advantage(r, GROUP, TURN, skip=[False] * 13), memory_advantage(r, GROUP, TURN))
     with pytest.raises(ValueError, match="12 flags for 13"):
