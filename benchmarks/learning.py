@@ -58,12 +58,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # RL variants: (start policy format, params overrides on top of params.yaml).
+_MEMPO = {"mempo.lambda_mem": 1.0, "mempo.eps": "full_context", "mempo.form": "logprob"}  # the method's reward
 RL_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("memory", {"mempo.lambda_mem": 0.0}),
-    "mempo": ("memory", {"mempo.lambda_mem": 1.0, "mempo.eps": "full_context", "mempo.form": "logprob",
-                         "mempo.final_memory": "score"}),
-    "mempo_skip": ("memory", {"mempo.lambda_mem": 1.0, "mempo.eps": "full_context", "mempo.form": "logprob",
-                              "mempo.final_memory": "skip"}),
+    "mempo": ("memory", {**_MEMPO, "mempo.final_memory": "score"}),
+    "mempo_skip": ("memory", {**_MEMPO, "mempo.final_memory": "skip"}),
     "mempo_prev": ("memory", {"mempo.lambda_mem": 1.0, "mempo.eps": "previous", "mempo.form": "prob"}),
     "full": ("full", {"mempo.lambda_mem": 0.0, "rollout.context": "full"}),
 }

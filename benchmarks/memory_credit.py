@@ -83,13 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     import torch
 
-    from mempo.advantage import last_turn_flags, memory_advantage
     from mempo.agent.generation import make_generator
     from mempo.config import load_params
     from mempo.errors import DataError
     from mempo.io import write_json
     from mempo.retrieval import open_retriever
     from mempo.training.grpo import episode_memory_rewards, load_tasks, make_rollout_setup
+    from mempo.training.grpo_update import episode_memory_advantage
     from mempo.training.rollouts import lockstep_episodes
     from mempo.training.runtime import load_policy
 
@@ -113,12 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                                      context="memory")
     r_m = episode_memory_rewards(model, tok, episodes, mp)
     records = [(ep, t) for ep in episodes for t in ep.turns]
-    groups = [ep.item_id for ep, _ in records]
-    turns = [t.turn_index for _, t in records]
-    norm = (mp.norm_by_std, mp.mem_adv_group, mp.adv_eps, mp.mem_adv_min_std)
-    a_m = memory_advantage(r_m, groups, turns, *norm)
-    a_m_skip = memory_advantage(r_m, groups, turns, *norm,
-                                skip=last_turn_flags([ep.episode_id for ep, _ in records], turns))
+    groups = [ep.item_id for ep in episodes]
+    a_m, a_m_skip = (episode_memory_advantage(episodes, groups, r_m, mp.model_copy(update={"final_memory": mode}))
+                     for mode in ("score", "skip"))
     classes = [turn_class(ep, t.turn_index) for ep, t in records]
     table = summarise(classes, r_m.tolist(), a_m.tolist(), a_m_skip.tolist())
     examples: dict[str, list[dict[str, Any]]] = defaultdict(list)

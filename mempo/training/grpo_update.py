@@ -59,6 +59,19 @@ class TurnSample:
         return [w * m for m in self.loss_mask] if self.loss_mask is not None else [w] * len(self.response_ids)
 
 
+def episode_memory_advantage(episodes: Sequence[Any], group_ids: Sequence[str], memory_rewards: Any,
+                             mempo: Any) -> Any:
+    """A^M of every turn record of `episodes` (episode / turn order) from their R^M, normalised
+    within (task, turn index) with `mempo`'s options, `final_memory` included: float tensor [M]."""
+    from mempo.advantage import last_turn_flags, memory_advantage
+
+    rec_episode = [e for e, ep in enumerate(episodes) for _ in ep.turns]
+    rec_turn = [t.turn_index for ep in episodes for t in ep.turns]
+    skip = last_turn_flags(rec_episode, rec_turn) if mempo.final_memory == "skip" else None
+    return memory_advantage(memory_rewards, [group_ids[e] for e in rec_episode], rec_turn, mempo.norm_by_std,
+                            mempo.mem_adv_group, mempo.adv_eps, mempo.mem_adv_min_std, skip)
+
+
 def build_turn_samples(
     episodes: Sequence[Any],
     group_ids: Sequence[str],
@@ -82,19 +95,14 @@ def build_turn_samples(
     """
     import torch
 
-    from mempo.advantage import combine, grpo_outcome_advantage, last_turn_flags, memory_advantage
+    from mempo.advantage import combine, grpo_outcome_advantage
 
     a_t = grpo_outcome_advantage(list(outcome_rewards), list(group_ids), mempo.norm_by_std, mempo.adv_eps)
-    rec_episode = [e for e, ep in enumerate(episodes) for _ in ep.turns]
     rec_turn = [t.turn_index for ep in episodes for t in ep.turns]
-    rec_group = [group_ids[e] for e in rec_episode]
-    m = len(rec_episode)
     if memory_rewards is None:
-        a_m = torch.zeros(m)
+        a_m = torch.zeros(len(rec_turn))
     else:
-        skip = last_turn_flags(rec_episode, rec_turn) if mempo.final_memory == "skip" else None
-        a_m = memory_advantage(memory_rewards, rec_group, rec_turn, mempo.norm_by_std,
-                               mempo.mem_adv_group, mempo.adv_eps, mempo.mem_adv_min_std, skip)
+        a_m = episode_memory_advantage(episodes, group_ids, memory_rewards, mempo)
     tokens_per_episode = [sum(len(t.response_ids) for t in ep.turns) for ep in episodes]
     n_eps = len(episodes)
     samples: list[TurnSample] = []

@@ -33,6 +33,7 @@ from mempo.advantage import (
     RewardForm,
     combine,
     grpo_outcome_advantage,
+    last_turn_flags,
     memory_advantage,
     memory_reward_from_scores,
 )
@@ -148,8 +149,8 @@ def mempo_advantages(
         full = full_context_scores[idx] if full_context_scores is not None else None
         r_m_real = memory_reward_from_scores(
             mem_scores[idx], [episode_of_row[r] for r in real], turn_index[idx], config.eps, full)
-        last_rows = {row for _, row in last_row.values()}
-        skip = [r in last_rows for r in real] if config.final_memory == "skip" else None
+        skip = last_turn_flags([episode_of_row[r] for r in real], turn_index[idx]) \
+            if config.final_memory == "skip" else None
         a_m_real = memory_advantage(
             r_m_real, [uids[r] for r in real], turn_index[idx],
             norm_by_std=config.norm_by_std, group=config.mem_adv_group, eps=config.adv_eps,
