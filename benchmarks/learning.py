@@ -14,6 +14,7 @@ Variants (every one trained from this repository's params.yaml, only the keys be
     mempo       sft + GRPO + A^M with the method's reward (eps full_context, form logprob)
     mempo_prev  ablation: sft + GRPO + A^M with eps previous, form prob
     mempo_skip  mempo with final_memory skip: each episode's last memory gets no A^M
+    mempo_half  mempo with lambda_mem 0.5: A^M at half weight on the <mem> tokens
     full        sft_full + GRPO in the full-history format (Search-R1 style)
 
 Protocol: the small world's entity-disjoint splits. The scripted teacher solves train
@@ -63,10 +64,11 @@ RL_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("memory", {"mempo.lambda_mem": 0.0}),
     "mempo": ("memory", {**_MEMPO, "mempo.final_memory": "score"}),
     "mempo_skip": ("memory", {**_MEMPO, "mempo.final_memory": "skip"}),
+    "mempo_half": ("memory", {**_MEMPO, "mempo.lambda_mem": 0.5, "mempo.final_memory": "score"}),
     "mempo_prev": ("memory", {"mempo.lambda_mem": 1.0, "mempo.eps": "previous", "mempo.form": "prob"}),
     "full": ("full", {"mempo.lambda_mem": 0.0, "rollout.context": "full"}),
 }
-DEFAULT_VARIANTS = ["grpo", "mempo", "mempo_prev", "full"]  # mempo_skip: by --variants
+DEFAULT_VARIANTS = ["grpo", "mempo", "mempo_prev", "full"]  # mempo_skip, mempo_half: by --variants
 AGENT_OF_FORMAT = {"memory": "memory", "full": "full_context"}
 BENCHES = ("single", "k2", "k4")
 REPORTED = ("em", "objective_em", "all_correct", "forgetting_rate", "format_valid", "peak_prompt_tokens",
@@ -357,7 +359,9 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                          "mempo_prev_minus_grpo": ("mempo_prev", "grpo"),
                          "mempo_minus_mempo_prev": ("mempo", "mempo_prev"),
                          "mempo_skip_minus_grpo": ("mempo_skip", "grpo"),
-                         "mempo_skip_minus_mempo": ("mempo_skip", "mempo")}.items():
+                         "mempo_skip_minus_mempo": ("mempo_skip", "mempo"),
+                         "mempo_half_minus_grpo": ("mempo_half", "grpo"),
+                         "mempo_half_minus_mempo": ("mempo_half", "mempo")}.items():
         if x not in variants or y not in variants:
             continue
         # pairs on the seeds both variants ran (seed s of each saw the same task order)
