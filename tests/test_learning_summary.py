@@ -150,3 +150,19 @@ def test_outcome_shares_average_over_seeds(learning):
     m = learning.mean_outcomes([{"correct": 0.5, "turn limit": 0.5}, {"correct": 0.25, "wrong": 0.75}])
     assert m == {"correct": 0.375, "wrong": 0.375, "turn limit": 0.25}
     assert learning.mean_outcomes([{"correct": 1.0}, None]) is None
+
+
+def test_every_rl_variant_is_a_valid_params_override_and_names_its_format(learning):
+    """Each variant's keys are accepted by the params model (a misspelt key would fail every
+    job of the study an hour in, not here) and set what its name says."""
+    from mempo.config import load_params
+
+    for name, (fmt, over) in learning.RL_VARIANTS.items():
+        p = load_params(learning.PARAMS, over)
+        assert fmt in learning.AGENT_OF_FORMAT, name
+        assert (p.rollout.context == "full") == (fmt == "full"), name
+    lam = {name: load_params(learning.PARAMS, over).mempo.lambda_mem for name, (_, over) in learning.RL_VARIANTS.items()}
+    assert lam["grpo"] == 0.0 and lam["full"] == 0.0 and lam["mempo"] == 1.0 and lam["mempo_half"] == 0.5
+    half, full_weight = (load_params(learning.PARAMS, learning.RL_VARIANTS[v][1]).mempo for v in ("mempo_half", "mempo"))
+    assert half.model_dump() == {**full_weight.model_dump(), "lambda_mem": 0.5}  # only the weight differs
+    assert set(learning.DEFAULT_VARIANTS) <= set(learning.RL_VARIANTS)
