@@ -11,6 +11,12 @@ format (`sft`) and the full-history format (`sft_full`, merged episodes), interl
 call by call so a drift of the machine's speed hits both the same.
 
     .venv/bin/python benchmarks/sft_step.py --root <a finished make run> [--steps 40]
+    .venv/bin/python benchmarks/sft_step.py --root <run> --ways fast reference compiled bfloat16
+
+`--ways` adds what else one could try on the same batches, interleaved the same way:
+`compiled` is `token_loss` with the decoder stack under `torch.compile(dynamic=True)` (its
+compilation, on the first steps, is left out of the timings and reported apart); `bfloat16`
+is `token_loss` on a bfloat16 copy of the policy (parameters, activations and AdamW state).
 
 Writes benchmarks/results/sft_step.json: per format, the share of positions that get
 logits, the median and best step (thread CPU seconds) each way, their ratio, and what the
@@ -29,6 +35,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+# way -> (dtype of the policy copy, compile its decoder stack, token_loss(reference=...))
+WAYS = {"fast": ("float32", False, False), "reference": ("float32", False, True),
+        "compiled": ("float32", True, False), "bfloat16": ("bfloat16", False, False)}
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,10 +45,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--root", required=True, help="a finished `make run` (its outputs/policy and outputs/teacher)")
     ap.add_argument("--steps", type=int, default=40, help="optimiser steps timed each way, per format")
     ap.add_argument("--quick", action="store_true", help="8 steps each way")
+    ap.add_argument("--ways", nargs="+", default=["fast", "reference"], choices=list(WAYS),
+                    help="step implementations timed (fast and reference always)")
     ap.add_argument("--out", default=str(RESULTS / "sft_step.json"))
     a = ap.parse_args(argv)
     if a.quick:
         a.steps = 8
+    a.ways = ["fast", "reference"] + [w for w in a.ways if w not in ("fast", "reference")]
     return a
 
 
@@ -73,28 +85,37 @@ def format_batches(root: Path, context: str, steps: int) -> tuple[list[dict[str,
     return batches, facts
 
 
-def time_steps(root: Path, batches: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """Thread CPU seconds of one optimiser step per batch, `token_loss` vs its reference,
-    alternating which goes first. Each way has its own copy of the policy and AdamW state."""
+def time_steps(root: Path, batches: list[dict[str, Any]], ways: list[str]) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Thread CPU seconds of one optimiser step per batch for each of `ways` (`WAYS`), the
+    order of the ways rotated from batch to batch. Each way has its own copy of the policy
+    and AdamW state. Also returns, per compiled way, the CPU seconds of its first step."""
     import torch
 
     from mempo.training.runtime import load_policy
     from mempo.training.sft import token_loss
 
     torch.manual_seed(0)
-    models = {way: load_policy(root / "outputs" / "policy", "cpu", "float32")[0] for way in ("fast", "reference")}
+    models, first_step = {}, {}
+    for way in ways:
+        dtype, compiled, _ = WAYS[way]
+        model = load_policy(root / "outputs" / "policy", "cpu", dtype)[0]
+        if compiled:
+            model.model = torch.compile(model.model, dynamic=True)
+        models[way] = model
     opts = {way: torch.optim.AdamW(m.parameters(), lr=1e-4) for way, m in models.items()}
-    out: dict[str, list[float]] = {"fast": [], "reference": []}
+    out: dict[str, list[float]] = {way: [] for way in ways}
     for i, batch in enumerate(batches):
-        for way in (("fast", "reference") if i % 2 == 0 else ("reference", "fast")):
+        for way in ways[i % len(ways):] + ways[:i % len(ways)]:
             model, opt = models[way], opts[way]
             t0 = time.thread_time()
-            loss, n = token_loss(model, batch, "cpu", reference=way == "reference")
+            loss, n = token_loss(model, batch, "cpu", reference=WAYS[way][2])
             (loss / max(n, 1)).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             out[way].append(time.thread_time() - t0)
-    return out
+            if i == 0 and WAYS[way][1]:
+                first_step[way] = out[way][-1]
+    return out, first_step
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,23 +127,27 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(a.root).resolve()
     stage_metrics = {"memory": root / "outputs" / "sft" / "metrics.json",
                      "full": root / "outputs" / "sft_full" / "metrics.json"}
-    out: dict[str, Any] = {"benchmark": "sft_step", "steps_each_way": a.steps, "threads": 1, "formats": {}}
+    out: dict[str, Any] = {"benchmark": "sft_step", "steps_each_way": a.steps, "threads": 1, "ways": a.ways,
+                           "formats": {}}
     for context in ("memory", "full"):
         batches, facts = format_batches(root, context, a.steps + 2)
-        t = time_steps(root, batches)
-        t = {way: v[2:] for way, v in t.items()}  # the first two steps warm allocators and caches
+        t, first_step = time_steps(root, batches, a.ways)
+        t = {way: v[2:] for way, v in t.items()}  # the first two steps warm allocators, caches, compilers
         med = {way: statistics.median(v) for way, v in t.items()}
         best = {way: min(v) for way, v in t.items()}
         row = {**facts, "median_step_s": med, "best_step_s": best,
                "speedup_median": med["reference"] / med["fast"], "speedup_best": best["reference"] / best["fast"]}
+        if len(a.ways) > 2:  # > 1: faster than token_loss as the SFT stage runs it
+            row["vs_fast_median"] = {w: med["fast"] / med[w] for w in a.ways if w != "fast"}
+            row["first_step_s"] = first_step
         if stage_metrics[context].exists():
             m = json.loads(stage_metrics[context].read_text())
             row["default_run_stage"] = {"steps": m["steps"], "train_seconds": m["train_seconds"],
                                         "predicted_seconds": m["train_seconds"] / row["speedup_median"]}
         out["formats"][context] = row
         print(f"{context}: {facts['share_of_tokens_with_logits']:.0%} of tokens get logits; step "
-              f"{med['reference'] * 1e3:.0f} -> {med['fast'] * 1e3:.0f} ms (median), {row['speedup_median']:.2f}x",
-              flush=True)
+              f"{med['reference'] * 1e3:.0f} -> {med['fast'] * 1e3:.0f} ms (median), {row['speedup_median']:.2f}x"
+              + "".join(f"; {w} {x:.2f}x of fast" for w, x in row.get("vs_fast_median", {}).items()), flush=True)
     from mempo.io import write_json
 
     write_json(Path(a.out), out)
