@@ -40,7 +40,7 @@ def test_params_yaml_keeps_the_effective_values_of_before() -> None:
     assert (ev.max_prompt_tokens, tr.max_prompt_tokens) == (4096, 0)
     assert (ev.max_concurrent_episodes, tr.max_concurrent_episodes) == (32, 64)
     assert (tr.turns_per_objective, tr.max_turns, ev.topk, tr.topk) == (6, 24, 3, 3)
-    assert p.mempo.lambda_mem == 1.0 and p.verl.lambda_mem is None
+    assert p.mempo.lambda_mem == 0.5 and p.verl.lambda_mem is None
 
 
 def test_eval_and_train_inherit_rollout_unless_they_set_a_field() -> None:

@@ -168,7 +168,7 @@ def test_a_clone_with_dvc_pull_reproduces_nothing(tiny_project: dict, tmp_path: 
 def test_lambda_mem_change_reruns_only_train_eval_register(tiny_project: dict) -> None:
     root = tiny_project["root"]
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["mempo"]["lambda_mem"] = 0.5
+    params["mempo"]["lambda_mem"] = 0.25
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     try:
         status = json.loads(_run([str(BIN / "dvc"), "status", "--json"], root).stdout)
@@ -177,7 +177,7 @@ def test_lambda_mem_change_reruns_only_train_eval_register(tiny_project: dict) -
         dry = _run([str(BIN / "dvc"), "repro", "--dry", "--force-downstream"], root)
         assert sorted(_ran(dry)) == ["eval", "register", "train"]
     finally:
-        params["mempo"]["lambda_mem"] = profile_overrides(REPO / "params.tiny.yaml").get("mempo.lambda_mem", 1.0)
+        params["mempo"]["lambda_mem"] = profile_overrides(REPO / "params.tiny.yaml").get("mempo.lambda_mem", 0.5)
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
@@ -196,7 +196,7 @@ def test_ablations_run_as_dvc_experiments_and_compare_in_dvc_exp_show(tiny_proje
                     metrics = run["data"]["metrics"]["outputs/register/headline.json"]["data"]
                     found[run["name"]] = (params["mempo"]["lambda_mem"], params["world"]["size"], metrics)
     assert set(found) == {"mempo", "no-mem-adv"}, json.dumps(exps)[:3000]
-    assert found["no-mem-adv"][0] == 0 and found["mempo"][0] == 1.0
+    assert found["no-mem-adv"][0] == 0 and found["mempo"][0] == 0.5
     assert {f[1] for f in found.values()} == {"tiny"}
     assert all("em.world" in f[2] and "kl" in f[2] for f in found.values())
     # Their runs went to the project's store, their models to the ablation model, not the production one.

@@ -87,7 +87,7 @@ class _InheritsRollout(Section):
 class MempoParams(Section):
     """MemPO's rewards and advantages (mempo.rewards, mempo.advantage), lambda_mem included."""
 
-    lambda_mem: float = Field(1.0, ge=0.0)
+    lambda_mem: float = Field(0.5, ge=0.0)
     eps: Literal["previous", "full_context", "none"] = "full_context"
     form: Literal["prob", "logprob"] = "logprob"
     norm_by_std: bool = True
