@@ -33,7 +33,9 @@ mean prompt tokens per turn, how the episodes ended (`mempo.evaluation.outcomes`
 MemPO - GRPO difference per k with a bootstrap 95% interval (tasks and seeds resampled); RL
 reward curves (mean over seeds) and EM against k as PNGs. Writes benchmarks/results/learning.json,
 learning_curves.png, learning_em_vs_k.png (and learning_curves_per_k.png: rollout EM on the
-singles and the k=2 tasks while RL trains).
+singles and the k=2 tasks while RL trains), and beside `--out` its per-task values
+(`learning.per_task.jsonl.gz`), which `benchmarks/learning_pool.py` reads to pool studies run on
+other seeds.
 Jobs run in `--jobs` single-threaded processes; a finished job's result is kept in
 `--workdir`, so a killed study resumes where it stopped.
 """
@@ -417,6 +419,23 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def per_task_rows(a: argparse.Namespace, results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per RL variant, seed, set and test task (em, objective_em, forgetting_rate): the
+    `--out` file's `.per_task.jsonl.gz` sidecar, so that studies run on other seeds can be pooled
+    with the two-level bootstrap later (`benchmarks/learning_pool.py`)."""
+    rows = []
+    for v in a.variants:
+        for s in seeds_of(a, v):
+            for bench in BENCHES:
+                for task, vals in sorted(results[f"rl-{v}-seed{s}"]["eval"][bench]["per_task"].items()):
+                    rows.append({"variant": v, "seed": s, "bench": bench, "task": task, **vals})
+    return rows
+
+
+def per_task_path(out_path: Path) -> Path:
+    return out_path.with_suffix(".per_task.jsonl.gz")
+
+
 def plots(out: dict[str, Any], out_path: Path) -> None:
     import matplotlib
 
@@ -512,9 +531,10 @@ def main(argv: list[str] | None = None) -> int:
     out = summarise(a, results)
     out["total_seconds"] = time.perf_counter() - t_all
     out_path = Path(a.out)
-    from mempo.io import write_json
+    from mempo.io import write_json, write_jsonl
 
     plots(out, out_path)
+    write_jsonl(per_task_path(out_path), per_task_rows(a, results))
     write_json(out_path, out)
     print_table(out)
     print(f"wrote {out_path} ({out['total_seconds']:.0f}s)")

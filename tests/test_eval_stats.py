@@ -36,3 +36,14 @@ def test_unpaired_inputs_are_refused_and_nothing_in_common_is_none():
     with pytest.raises(ValueError, match="pair"):
         paired_bootstrap([{"t": 1.0}], [])
     assert paired_bootstrap([{"t": 1.0}], [{"u": 1.0}]) is None
+
+
+def test_seed_bootstrap_resamples_per_seed_differences():
+    from mempo.evaluation.stats import seed_bootstrap
+
+    d = seed_bootstrap([0.1, 0.1, 0.1], n_boot=100)
+    assert (d["mean"], d["ci95_low"], d["ci95_high"], d["seeds"]) == pytest.approx((0.1, 0.1, 0.1, 3))
+    d = seed_bootstrap([0.05, -0.02, 0.03, 0.01, 0.04, -0.01], n_boot=1000)
+    assert d["mean"] == pytest.approx(0.1 / 6) and d["ci95_low"] < d["mean"] < d["ci95_high"]
+    assert min([0.05, -0.02]) <= d["ci95_low"] and d["ci95_high"] <= 0.05
+    assert seed_bootstrap([]) is None

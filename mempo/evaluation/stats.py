@@ -8,6 +8,10 @@ for the two variants, evaluated on the same tasks. The difference is paired twic
 (both variants of seed s share the SFT start and the task order) and by task. The interval
 resamples seeds with replacement, then tasks within each drawn seed (a two-level bootstrap),
 so it reflects both seed-to-seed and task-to-task variation.
+
+Where only per-seed values survive (studies from before the per-task files),
+`seed_bootstrap(diffs)` resamples the per-seed differences alone: its interval speaks for the
+task set the seeds were evaluated on, not for new tasks.
 """
 
 from __future__ import annotations
@@ -52,3 +56,15 @@ def paired_bootstrap(
     hi = boots[int(round(0.975 * (len(boots) - 1)))]
     return {"mean": mean_of(pairs), "ci95_low": lo, "ci95_high": hi, "seeds": len(pairs),
             "tasks_per_seed": statistics.fmean(len(g) for g in pairs)}
+
+
+def seed_bootstrap(diffs: Sequence[float], n_boot: int = 2000, seed: int = 0) -> dict[str, float] | None:
+    """Mean of per-seed differences with a 95% percentile interval over seeds resampled with
+    replacement. Returns None for no seeds. Keys: mean, ci95_low, ci95_high, seeds."""
+    vals = [float(d) for d in diffs]
+    if not vals:
+        return None
+    rng = random.Random(seed)
+    boots = sorted(statistics.fmean(vals[rng.randrange(len(vals))] for _ in vals) for _ in range(max(1, n_boot)))
+    return {"mean": statistics.fmean(vals), "ci95_low": boots[int(0.025 * (len(boots) - 1))],
+            "ci95_high": boots[int(round(0.975 * (len(boots) - 1)))], "seeds": len(vals)}

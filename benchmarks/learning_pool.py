@@ -1,0 +1,150 @@
+"""Pool learning studies run on different seeds into one paired comparison of two variants.
+
+    .venv/bin/python benchmarks/learning_pool.py benchmarks/results/learning_rl120.json \\
+        benchmarks/results/learning_rl120_seeds5_9.json --pair mempo_half grpo \\
+        --out benchmarks/results/learning_rl120_pooled.json
+
+A replication of `benchmarks/learning.py` on new seeds (same RL budget, batch, rollouts and
+test-task counts) adds seeds to a comparison instead of standing beside it. Per set (single,
+k2, k4) and metric (em, objective_em, forgetting_rate): each study's own paired difference
+A - B, and the pooled one over all seeds of all studies with a 95% bootstrap interval. Where
+every study has its per-task file (`<study>.per_task.jsonl.gz`, written by learning.py), the
+interval is the study's own two-level bootstrap (seeds, then tasks within each seed:
+`mempo.evaluation.stats.paired_bootstrap`); otherwise it resamples the per-seed differences
+only (`seed_bootstrap`), and the output says so (`resampled`): that interval is for the test
+tasks the seeds shared, not for new tasks. Studies that differ in a setting, or that share a
+seed, are refused with the file and field named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mempo.errors import MempoError  # noqa: E402
+from mempo.evaluation.stats import paired_bootstrap, seed_bootstrap  # noqa: E402
+
+BENCHES = ("single", "k2", "k4")
+METRICS = ("em", "objective_em", "forgetting_rate")
+SAME = ("rl_steps", "batch_questions", "n_rollouts", "eval_tasks", "policy")  # what must match to pool
+
+
+def load_study(path: Path, a: str, b: str) -> dict[str, Any]:
+    """The study's settings, the seeds both variants ran, and per seed and set its per-seed
+    values (and per-task values, where its per-task file exists)."""
+    try:
+        study = json.loads(path.read_text())
+        seeds = study["config"]["seeds"]
+        results = study["results"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise MempoError(f"{path}: not a learning study result ({type(e).__name__}: {e})") from e
+    for v in (a, b):
+        if v not in seeds or v not in results:
+            raise MempoError(f"{path}: no variant '{v}' (it has: {', '.join(sorted(seeds))})")
+    common = [s for s in seeds[a] if s in seeds[b]]
+    per_seed = {v: {bench: {m: dict(zip(seeds[v], results[v][bench][m]["per_seed"], strict=True))
+                            for m in METRICS} for bench in BENCHES} for v in (a, b)}
+    side = path.with_suffix(".per_task.jsonl.gz")
+    per_task: dict[tuple[str, int, str], dict[str, dict[str, Any]]] | None = None
+    if side.exists():
+        per_task = {}
+        with gzip.open(side, "rt") as fh:
+            for n, line in enumerate(fh, 1):
+                try:
+                    row = json.loads(line)
+                    per_task.setdefault((row["variant"], int(row["seed"]), row["bench"]), {})[row["task"]] = row
+                except (ValueError, KeyError, TypeError) as e:
+                    raise MempoError(f"{side}: row {n}: {type(e).__name__}: {e}") from e
+        missing = [f"{v} seed {s} {bench}" for v in (a, b) for s in common for bench in BENCHES
+                   if (v, s, bench) not in per_task]
+        if missing:
+            raise MempoError(f"{side}: no per-task rows for {', '.join(missing[:4])}")
+    return {"path": path, "config": study["config"], "seeds": common, "per_seed": per_seed, "per_task": per_task}
+
+
+def check_poolable(studies: list[dict[str, Any]]) -> None:
+    first = studies[0]
+    for st in studies[1:]:
+        for key in SAME:
+            if st["config"].get(key) != first["config"].get(key):
+                raise MempoError(f"{st['path']}: config.{key} is {st['config'].get(key)!r}, but "
+                                 f"{first['path']} has {first['config'].get(key)!r}: not the same experiment")
+    names = [st["path"].name for st in studies]
+    if len(set(names)) < len(names):
+        raise MempoError(f"two studies share a file name ({', '.join(names)}): the output names them by it")
+    seen: dict[int, Path] = {}
+    for st in studies:
+        for s in st["seeds"]:
+            if s in seen:
+                raise MempoError(f"{st['path']}: seed {s} is also in {seen[s]}: pooled seeds must be distinct")
+            seen[s] = st["path"]
+
+
+def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000) -> dict[str, Any]:
+    check_poolable(studies)
+    two_level = all(st["per_task"] is not None for st in studies)
+    seeds = [s for st in studies for s in st["seeds"]]
+    out: dict[str, Any] = {"pair": [a, b], "seeds": seeds,
+                           "resampled": "seeds, then tasks within a seed" if two_level else "seeds only",
+                           "studies": {}, "pooled": {}}
+    for st in studies:
+        out["studies"][st["path"].name] = {"seeds": st["seeds"], "per_task": st["per_task"] is not None}
+    for bench in BENCHES:
+        for m in METRICS:
+            key = f"{bench}/{m}"
+            diffs = {}
+            for st in studies:
+                for s in st["seeds"]:
+                    va, vb = st["per_seed"][a][bench][m].get(s), st["per_seed"][b][bench][m].get(s)
+                    if va is not None and vb is not None:
+                        diffs[s] = va - vb
+            for st in studies:
+                d = [diffs[s] for s in st["seeds"] if s in diffs]
+                out["studies"][st["path"].name][key] = statistics.fmean(d) if d else None
+            if two_level:
+                runs = {v: [{t: r[m] for t, r in st["per_task"][(v, s, bench)].items()}
+                            for st in studies for s in st["seeds"]] for v in (a, b)}
+                out["pooled"][key] = paired_bootstrap(runs[a], runs[b], n_boot)
+            else:
+                out["pooled"][key] = seed_bootstrap([diffs[s] for s in seeds if s in diffs], n_boot)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("studies", nargs="+", type=Path, help="learning.py --out files (two or more)")
+    ap.add_argument("--pair", nargs=2, required=True, metavar=("A", "B"), help="variants: the difference A - B")
+    ap.add_argument("--bootstrap", type=int, default=2000)
+    ap.add_argument("--out", type=Path, default=None, help="write the pooled comparison here (JSON)")
+    args = ap.parse_args(argv)
+    try:
+        if len(args.studies) < 2:
+            raise MempoError("give two or more studies to pool")
+        a, b = args.pair
+        out = pool([load_study(p, a, b) for p in args.studies], a, b, args.bootstrap)
+    except MempoError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{a} - {b}, {len(out['seeds'])} seeds ({out['resampled']} resampled)")
+    for key, d in out["pooled"].items():
+        if d is not None:
+            per = "  ".join(f"{v[key]:+.3f}" if v.get(key) is not None else "-" for v in out["studies"].values())
+            print(f"  {key:<24} {d['mean']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]   per study: {per}")
+    if args.out:
+        from mempo.io import write_json
+
+        write_json(args.out, out)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

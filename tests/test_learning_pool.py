@@ -1,0 +1,94 @@
+"""`benchmarks/learning_pool.py`: studies of `benchmarks/learning.py` on different seeds pooled
+into one paired comparison (two-level bootstrap with the per-task files, seeds only without)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from benchmark_helpers import load_benchmark
+
+from mempo.errors import MempoError
+from mempo.evaluation.stats import paired_bootstrap
+from mempo.io import write_json, write_jsonl
+
+SETS = ("single", "k2", "k4")
+
+
+@pytest.fixture(scope="module")
+def learning():
+    return load_benchmark("learning")
+
+
+@pytest.fixture(scope="module")
+def lp():
+    return load_benchmark("learning_pool")
+
+
+def _job(vals: list[float]) -> dict:
+    ev = {b: {"aggregate": {"n": len(vals), "em": sum(vals) / len(vals), "objective_em": sum(vals) / len(vals),
+                            "forgetting_rate": 0.5 if b != "single" else None},
+              "per_task": {f"t{i}": {"em": v, "objective_em": v, "forgetting_rate": None if b == "single" else 0.5}
+                           for i, v in enumerate(vals)}} for b in SETS}
+    return {"eval": ev, "mean_time_step": 1.0, "mem_scoring_share": 0.0, "curve": [{"step": 1, "reward_mean": 0.5}]}
+
+
+def _study(learning, path: Path, seeds: list[int], gain: dict[int, list[float]], rl_steps: int = 1) -> Path:
+    """A study on `seeds` (grpo and mempo_half) written as learning.py writes it: mempo_half's
+    per-task values on seed s are `gain[s]`, grpo's are all 0."""
+    a = learning._args(["--seeds", *map(str, seeds), "--variants", "grpo", "mempo_half", "--rl-steps", str(rl_steps),
+                        "--bootstrap", "50", "--workdir", str(path.parent)])
+    n = len(next(iter(gain.values())))
+    results = {k: _job([0.0] * n) for k in ("untrained", "sft-memory", "sft-full")}
+    for s in seeds:
+        results[f"rl-grpo-seed{s}"] = _job([0.0] * n)
+        results[f"rl-mempo_half-seed{s}"] = _job(gain[s])
+    write_jsonl(learning.per_task_path(path), learning.per_task_rows(a, results))
+    write_json(path, learning.summarise(a, results))
+    return path
+
+
+def test_two_studies_pool_with_the_two_level_bootstrap_over_all_seeds(learning, lp, tmp_path):
+    gain = {0: [1.0, 0.0, 0.0, 0.0], 1: [1.0, 1.0, 0.0, 0.0], 2: [0.0, 0.0, 0.0, 0.0], 3: [1.0, 1.0, 1.0, 0.0]}
+    s1 = _study(learning, tmp_path / "a" / "first.json", [0, 1], gain)
+    s2 = _study(learning, tmp_path / "b" / "second.json", [2, 3], gain)
+    out = lp.pool([lp.load_study(p, "mempo_half", "grpo") for p in (s1, s2)], "mempo_half", "grpo", 300)
+    assert out["seeds"] == [0, 1, 2, 3] and out["resampled"].startswith("seeds, then tasks")
+    d = out["pooled"]["k2/objective_em"]
+    assert d["mean"] == pytest.approx((0.25 + 0.5 + 0.0 + 0.75) / 4) and d["seeds"] == 4
+    assert d == paired_bootstrap([dict(zip(["t0", "t1", "t2", "t3"], gain[s], strict=True)) for s in range(4)],
+                                 [{f"t{i}": 0.0 for i in range(4)}] * 4, 300)
+    assert out["studies"]["first.json"]["k2/objective_em"] == pytest.approx(0.375)
+    assert out["studies"]["second.json"]["k2/objective_em"] == pytest.approx(0.375)
+    assert out["pooled"]["single/forgetting_rate"] is None  # no forgetting on single questions
+    assert out["pooled"]["k4/forgetting_rate"]["mean"] == 0.0
+
+
+def test_without_a_per_task_file_only_seeds_are_resampled(learning, lp, tmp_path, capsys):
+    gain = {s: [1.0, 1.0, 0.0, 0.0] for s in range(4)}  # +0.5 on every seed
+    s1 = _study(learning, tmp_path / "a" / "first.json", [0, 1], gain)
+    s2 = _study(learning, tmp_path / "b" / "second.json", [2, 3], gain)
+    learning.per_task_path(s1).unlink()  # a study from before the per-task files
+    out_path = tmp_path / "pooled.json"
+    assert lp.main([str(s1), str(s2), "--pair", "mempo_half", "grpo", "--out", str(out_path)]) == 0
+    assert "seeds only" in capsys.readouterr().out
+    import json
+
+    d = json.loads(out_path.read_text())["pooled"]["k4/em"]
+    assert (d["mean"], d["ci95_low"], d["ci95_high"], d["seeds"]) == (0.5, 0.5, 0.5, 4)
+
+
+def test_studies_that_are_not_the_same_experiment_or_share_a_seed_are_refused(learning, lp, tmp_path, capsys):
+    gain = {s: [1.0, 0.0] for s in range(3)}
+    s1 = _study(learning, tmp_path / "a" / "first.json", [0, 1], gain)
+    overlap = _study(learning, tmp_path / "b" / "second.json", [1, 2], gain)
+    with pytest.raises(MempoError, match=r"second.json: seed 1 is also in .*first.json"):
+        lp.pool([lp.load_study(p, "mempo_half", "grpo") for p in (s1, overlap)], "mempo_half", "grpo")
+    longer = _study(learning, tmp_path / "c" / "third.json", [2], gain, rl_steps=2)
+    assert lp.main([str(s1), str(longer), "--pair", "mempo_half", "grpo"]) == 2
+    assert "third.json: config.rl_steps is 2" in capsys.readouterr().err
+    with pytest.raises(MempoError, match="first.json: no variant 'mempo'"):
+        lp.load_study(s1, "mempo", "grpo")
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    assert lp.main([str(s1), str(tmp_path / "bad.json"), "--pair", "mempo_half", "grpo"]) == 2
+    assert "bad.json: not a learning study result" in capsys.readouterr().err
