@@ -13,7 +13,8 @@ interval is the study's own two-level bootstrap (seeds, then tasks within each s
 `mempo.evaluation.stats.paired_bootstrap`); otherwise it resamples the per-seed differences
 only (`seed_bootstrap`), and the output says so (`resampled`): that interval is for the test
 tasks the seeds shared, not for new tasks. Studies that differ in a setting, or that share a
-seed, are refused with the file and field named.
+seed, are refused with the file and field named. One study alone gives a pair its own summary
+did not compare (e.g. `--pair mempo_half full`).
 """
 
 from __future__ import annotations
@@ -120,14 +121,12 @@ def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000) -> d
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("studies", nargs="+", type=Path, help="learning.py --out files (two or more)")
+    ap.add_argument("studies", nargs="+", type=Path, help="learning.py --out files (one study alone: a pair its own summary did not compare)")
     ap.add_argument("--pair", nargs=2, required=True, metavar=("A", "B"), help="variants: the difference A - B")
     ap.add_argument("--bootstrap", type=int, default=2000)
     ap.add_argument("--out", type=Path, default=None, help="write the pooled comparison here (JSON)")
     args = ap.parse_args(argv)
     try:
-        if len(args.studies) < 2:
-            raise MempoError("give two or more studies to pool")
         a, b = args.pair
         out = pool([load_study(p, a, b) for p in args.studies], a, b, args.bootstrap)
     except MempoError as e:

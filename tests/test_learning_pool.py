@@ -92,3 +92,10 @@ def test_studies_that_are_not_the_same_experiment_or_share_a_seed_are_refused(le
     (tmp_path / "bad.json").write_text("[1, 2]")
     assert lp.main([str(s1), str(tmp_path / "bad.json"), "--pair", "mempo_half", "grpo"]) == 2
     assert "bad.json: not a learning study result" in capsys.readouterr().err
+
+
+def test_one_study_alone_compares_a_pair_its_summary_did_not(learning, lp, tmp_path):
+    gain = {0: [1.0, 0.0], 1: [1.0, 1.0]}
+    s1 = _study(learning, tmp_path / "only.json", [0, 1], gain)
+    out = lp.pool([lp.load_study(s1, "grpo", "mempo_half")], "grpo", "mempo_half", 100)
+    assert out["pooled"]["k2/em"]["mean"] == pytest.approx(-0.75) and out["seeds"] == [0, 1]
