@@ -340,7 +340,9 @@ def test_grpo_three_steps_log_metrics_to_mlflow(grpo_run: dict[str, object]) -> 
     for key in GRPO_KEYS:
         hist = client.get_metric_history(run.info.run_id, f"train/{key}")
         assert [m.step for m in hist] == [1, 2, 3], key
-    assert run.data.params["mempo.lambda_mem"] == "1.0"
+    from mempo.config import load_params
+
+    assert run.data.params["mempo.lambda_mem"] == str(load_params(None).mempo.lambda_mem) == "0.5"  # the default
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
     assert "model/config.json" in artifacts
     assert (out / "model" / "model.safetensors").exists()
