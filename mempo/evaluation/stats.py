@@ -51,11 +51,13 @@ def paired_bootstrap(
     for _ in range(max(1, n_boot)):
         groups = [pairs[rng.randrange(len(pairs))] for _ in pairs]
         boots.append(mean_of([[g[rng.randrange(len(g))] for _ in g] for g in groups]))
-    boots.sort()
-    lo = boots[int(0.025 * (len(boots) - 1))]
-    hi = boots[int(round(0.975 * (len(boots) - 1)))]
-    return {"mean": mean_of(pairs), "ci95_low": lo, "ci95_high": hi, "seeds": len(pairs),
+    return {"mean": mean_of(pairs), **_percentile_95(boots), "seeds": len(pairs),
             "tasks_per_seed": statistics.fmean(len(g) for g in pairs)}
+
+
+def _percentile_95(boots: list[float]) -> dict[str, float]:
+    boots = sorted(boots)
+    return {"ci95_low": boots[int(0.025 * (len(boots) - 1))], "ci95_high": boots[int(round(0.975 * (len(boots) - 1)))]}
 
 
 def seed_bootstrap(diffs: Sequence[float], n_boot: int = 2000, seed: int = 0) -> dict[str, float] | None:
@@ -65,6 +67,5 @@ def seed_bootstrap(diffs: Sequence[float], n_boot: int = 2000, seed: int = 0) ->
     if not vals:
         return None
     rng = random.Random(seed)
-    boots = sorted(statistics.fmean(vals[rng.randrange(len(vals))] for _ in vals) for _ in range(max(1, n_boot)))
-    return {"mean": statistics.fmean(vals), "ci95_low": boots[int(0.025 * (len(boots) - 1))],
-            "ci95_high": boots[int(round(0.975 * (len(boots) - 1)))], "seeds": len(vals)}
+    boots = [statistics.fmean(vals[rng.randrange(len(vals))] for _ in vals) for _ in range(max(1, n_boot))]
+    return {"mean": statistics.fmean(vals), **_percentile_95(boots), "seeds": len(vals)}
