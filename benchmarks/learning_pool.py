@@ -20,7 +20,6 @@ did not compare (e.g. `--pair mempo_half full`).
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 import sys
@@ -32,6 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from mempo.errors import MempoError  # noqa: E402
 from mempo.evaluation.stats import paired_bootstrap, seed_bootstrap  # noqa: E402
+from mempo.io import iter_jsonl, write_json  # noqa: E402
 
 BENCHES = ("single", "k2", "k4")
 METRICS = ("em", "objective_em", "forgetting_rate")
@@ -57,13 +57,11 @@ def load_study(path: Path, a: str, b: str) -> dict[str, Any]:
     per_task: dict[tuple[str, int, str], dict[str, dict[str, Any]]] | None = None
     if side.exists():
         per_task = {}
-        with gzip.open(side, "rt") as fh:
-            for n, line in enumerate(fh, 1):
-                try:
-                    row = json.loads(line)
-                    per_task.setdefault((row["variant"], int(row["seed"]), row["bench"]), {})[row["task"]] = row
-                except (ValueError, KeyError, TypeError) as e:
-                    raise MempoError(f"{side}: row {n}: {type(e).__name__}: {e}") from e
+        for n, row in iter_jsonl(side):  # malformed lines: DataError naming the file and line
+            try:
+                per_task.setdefault((row["variant"], int(row["seed"]), row["bench"]), {})[row["task"]] = row
+            except (ValueError, KeyError, TypeError) as e:
+                raise MempoError(f"{side}: row {n}: {type(e).__name__}: {e}") from e
         missing = [f"{v} seed {s} {bench}" for v in (a, b) for s in common for bench in BENCHES
                    if (v, s, bench) not in per_task]
         if missing:
@@ -138,8 +136,6 @@ def main(argv: list[str] | None = None) -> int:
             per = "  ".join(f"{v[key]:+.3f}" if v.get(key) is not None else "-" for v in out["studies"].values())
             print(f"  {key:<24} {d['mean']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]   per study: {per}")
     if args.out:
-        from mempo.io import write_json
-
         write_json(args.out, out)
         print(f"wrote {args.out}")
     return 0

@@ -99,3 +99,19 @@ def test_one_study_alone_compares_a_pair_its_summary_did_not(learning, lp, tmp_p
     s1 = _study(learning, tmp_path / "only.json", [0, 1], gain)
     out = lp.pool([lp.load_study(s1, "grpo", "mempo_half")], "grpo", "mempo_half", 100)
     assert out["pooled"]["k2/em"]["mean"] == pytest.approx(-0.75) and out["seeds"] == [0, 1]
+
+
+def test_a_malformed_per_task_file_is_refused_naming_it_and_the_line(learning, lp, tmp_path, capsys):
+    import gzip
+
+    gain = {0: [1.0, 0.0], 1: [1.0, 1.0]}
+    s1 = _study(learning, tmp_path / "only.json", [0, 1], gain)
+    side = learning.per_task_path(s1)
+    lines = gzip.decompress(side.read_bytes()).decode().splitlines()
+    side.write_bytes(gzip.compress(("\n".join(lines[:3] + ['{"variant": "grpo"'] + lines[3:]) + "\n").encode()))
+    assert lp.main([str(s1), "--pair", "mempo_half", "grpo"]) == 2
+    err = capsys.readouterr().err
+    assert "only.per_task.jsonl.gz" in err and "4" in err and "invalid JSON" in err
+    side.write_bytes(gzip.compress(("\n".join(lines[:1] + ['{"variant": "grpo", "seed": 0}'] + lines[1:]) + "\n").encode()))
+    assert lp.main([str(s1), "--pair", "mempo_half", "grpo"]) == 2
+    assert "only.per_task.jsonl.gz: row 2: KeyError" in capsys.readouterr().err
