@@ -25,8 +25,6 @@ import mlflow
 import pytest
 import yaml
 
-from mempo.config import profile_overrides
-
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
@@ -168,6 +166,7 @@ def test_a_clone_with_dvc_pull_reproduces_nothing(tiny_project: dict, tmp_path: 
 def test_lambda_mem_change_reruns_only_train_eval_register(tiny_project: dict) -> None:
     root = tiny_project["root"]
     params = yaml.safe_load((root / "params.yaml").read_text())
+    before = params["mempo"]["lambda_mem"]
     params["mempo"]["lambda_mem"] = 0.25
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     try:
@@ -177,7 +176,7 @@ def test_lambda_mem_change_reruns_only_train_eval_register(tiny_project: dict) -
         dry = _run([str(BIN / "dvc"), "repro", "--dry", "--force-downstream"], root)
         assert sorted(_ran(dry)) == ["eval", "register", "train"]
     finally:
-        params["mempo"]["lambda_mem"] = profile_overrides(REPO / "params.tiny.yaml").get("mempo.lambda_mem", 0.5)
+        params["mempo"]["lambda_mem"] = before
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
