@@ -45,14 +45,14 @@ def load_study(path: Path, a: str, b: str) -> dict[str, Any]:
         study = json.loads(path.read_text())
         seeds = study["config"]["seeds"]
         results = study["results"]
+        for v in (a, b):
+            if v not in seeds or v not in results:
+                raise MempoError(f"{path}: no variant '{v}' (it has: {', '.join(sorted(seeds))})")
+        per_seed = {v: {bench: {m: dict(zip(seeds[v], results[v][bench][m]["per_seed"], strict=True))
+                                for m in METRICS} for bench in BENCHES} for v in (a, b)}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise MempoError(f"{path}: not a learning study result ({type(e).__name__}: {e})") from e
-    for v in (a, b):
-        if v not in seeds or v not in results:
-            raise MempoError(f"{path}: no variant '{v}' (it has: {', '.join(sorted(seeds))})")
     common = [s for s in seeds[a] if s in seeds[b]]
-    per_seed = {v: {bench: {m: dict(zip(seeds[v], results[v][bench][m]["per_seed"], strict=True))
-                            for m in METRICS} for bench in BENCHES} for v in (a, b)}
     side = path.with_suffix(".per_task.jsonl.gz")
     per_task: dict[tuple[str, int, str], dict[str, dict[str, Any]]] | None = None
     if side.exists():

@@ -92,6 +92,13 @@ def test_studies_that_are_not_the_same_experiment_or_share_a_seed_are_refused(le
     (tmp_path / "bad.json").write_text("[1, 2]")
     assert lp.main([str(s1), str(tmp_path / "bad.json"), "--pair", "mempo_half", "grpo"]) == 2
     assert "bad.json: not a learning study result" in capsys.readouterr().err
+    import json
+
+    study = json.loads(s1.read_text())
+    del study["results"]["grpo"]["k4"]
+    (tmp_path / "no_k4.json").write_text(json.dumps(study))
+    with pytest.raises(MempoError, match=r"no_k4.json: not a learning study result \(KeyError: 'k4'\)"):
+        lp.load_study(tmp_path / "no_k4.json", "mempo_half", "grpo")
 
 
 def test_one_study_alone_compares_a_pair_its_summary_did_not(learning, lp, tmp_path):
