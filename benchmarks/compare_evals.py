@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2) + "\n")
     tmp.replace(args.out)
+    from mempo.evaluation.stats import format_interval
+
     for bench, entry in result["benchmarks"].items():
         for name in [args.base[0], *result["runs"]]:
             s = entry[name]
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             for key in ("em", "objective_em"):
                 d = s.get(f"{key}_minus_{args.base[0]}")
                 if d:
-                    line += f"  {key} {d['mean']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]"
+                    line += f"  {key} {format_interval(d)}"
             print(line)
     print(f"wrote {args.out}")
     return 0

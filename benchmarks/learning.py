@@ -400,6 +400,11 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
         flat[v] = {"first_quarter": statistics.fmean(head) if head else None,
                    "middle": statistics.fmean(mid) if mid else None,
                    "last_quarter": statistics.fmean(tail) if tail else None}
+    from mempo.evaluation.stats import slopes_over_seeds
+
+    # has each variant's reward stopped rising? slopes of each seed's curve, first and second half
+    trend = {v: slopes_over_seeds({s: [row.get("reward_mean") for row in results[f"rl-{v}-seed{s}"]["curve"]]
+                                   for s in seeds_of(a, v)}, a.bootstrap) for v in a.variants}
     return {
         "benchmark": "learning", "quick": a.quick,
         "config": {"seeds": {v: seeds_of(a, v) for v in a.variants}, "sft_steps": a.sft_steps, "rl_steps": a.rl_steps,
@@ -411,6 +416,7 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
         "results": table,
         "paired": paired,
         "reward_flattening": flat,
+        "reward_trend": trend,
         "curves": curves,
         "timings_s": {k: {"train": r.get("train_seconds"), "eval": r.get("eval_seconds")}
                       for k, r in results.items()},
@@ -477,6 +483,8 @@ def plots(out: dict[str, Any], out_path: Path) -> None:
 
 
 def print_table(out: dict[str, Any]) -> None:
+    from mempo.evaluation.stats import format_interval
+
     head = f"{'variant':<11}" + "".join(f"{b + ' ' + m:>16}" for b in BENCHES for m in ("em", "obj"))
     print("\n" + head + f"{'forget k4':>11}{'peak tok k4':>12}")
     for v, by in out["results"].items():
@@ -491,7 +499,17 @@ def print_table(out: dict[str, Any]) -> None:
     for name, per in out["paired"].items():
         for key, d in per.items():
             if isinstance(d, dict) and key.rsplit("/", 1)[-1] in ("em", "objective_em"):
-                print(f"{name:<22} {key:<18} {d['mean']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]")
+                print(f"{name:<22} {key:<18} {format_interval(d)}")
+    print_trend(out.get("reward_trend") or {})
+
+
+def print_trend(trend: dict[str, Any]) -> None:
+    """Each variant's training-reward slope per 100 steps, first and second half (mean over seeds)."""
+    from mempo.evaluation.stats import format_interval
+
+    for v, t in trend.items():
+        print(f"reward slope /100 steps  {v:<11} first half {format_interval(t['early'])}  "
+              f"second half {format_interval(t['late'])}  flat: {'-' if t['flat'] is None else 'yes' if t['flat'] else 'no'}")
 
 
 def main(argv: list[str] | None = None) -> int:

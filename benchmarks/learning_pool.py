@@ -30,7 +30,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mempo.errors import MempoError  # noqa: E402
-from mempo.evaluation.stats import paired_bootstrap, seed_bootstrap  # noqa: E402
+from mempo.evaluation.stats import (  # noqa: E402
+    curve_slopes,
+    format_interval,
+    paired_bootstrap,
+    pool_slopes,
+    seed_bootstrap,
+)
 from mempo.io import iter_jsonl, write_json  # noqa: E402
 
 BENCHES = ("single", "k2", "k4")
@@ -66,7 +72,21 @@ def load_study(path: Path, a: str, b: str) -> dict[str, Any]:
                    if (v, s, bench) not in per_task]
         if missing:
             raise MempoError(f"{side}: no per-task rows for {', '.join(missing[:4])}")
-    return {"path": path, "config": study["config"], "seeds": common, "per_seed": per_seed, "per_task": per_task}
+    return {"path": path, "config": study["config"], "seeds": common, "per_seed": per_seed, "per_task": per_task,
+            "slopes": {v: reward_slopes(study, v) for v in (a, b)}}
+
+
+def reward_slopes(study: dict[str, Any], v: str) -> dict[int, dict[str, float | None]] | None:
+    """Per seed, the slopes of variant v's training reward (`curve_slopes`): the study's own
+    `reward_trend`, or, for a study from before it that ran v on one seed, its curve (the mean
+    over one seed is that seed's curve). None where neither is there."""
+    trend = (study.get("reward_trend") or {}).get(v)
+    if trend:
+        return {int(s): d for s, d in trend["per_seed"].items()}
+    seeds, curve = study["config"]["seeds"].get(v, []), (study.get("curves") or {}).get(v)
+    if len(seeds) == 1 and curve:
+        return {seeds[0]: curve_slopes([row.get("reward_mean") for row in curve])}
+    return None
 
 
 def check_poolable(studies: list[dict[str, Any]]) -> None:
@@ -114,6 +134,12 @@ def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000) -> d
                 out["pooled"][key] = paired_bootstrap(runs[a], runs[b], n_boot)
             else:
                 out["pooled"][key] = seed_bootstrap([diffs[s] for s in seeds if s in diffs], n_boot)
+    # has each variant's training reward stopped rising? (per-seed slopes, all studies' seeds)
+    out["reward_trend"] = {}
+    for v in (a, b):
+        if all(st["slopes"][v] is not None for st in studies):
+            per = [st["slopes"][v][s] for st in studies for s in st["seeds"] if s in st["slopes"][v]]
+            out["reward_trend"][v] = {"seeds": len(per), **pool_slopes(per, n_boot)}
     return out
 
 
@@ -134,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     for key, d in out["pooled"].items():
         if d is not None:
             per = "  ".join(f"{v[key]:+.3f}" if v.get(key) is not None else "-" for v in out["studies"].values())
-            print(f"  {key:<24} {d['mean']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]   per study: {per}")
+            print(f"  {key:<24} {format_interval(d)}   per study: {per}")
+    for v, t in out["reward_trend"].items():
+        print(f"  reward slope /100 steps  {v:<11} first half {format_interval(t['early'])}  "
+              f"second half {format_interval(t['late'])}  ({t['seeds']} seeds)")
     if args.out:
         write_json(args.out, out)
         print(f"wrote {args.out}")

@@ -47,3 +47,31 @@ def test_seed_bootstrap_resamples_per_seed_differences():
     assert d["mean"] == pytest.approx(0.1 / 6) and d["ci95_low"] < d["mean"] < d["ci95_high"]
     assert min([0.05, -0.02]) <= d["ci95_low"] and d["ci95_high"] <= 0.05
     assert seed_bootstrap([]) is None
+
+
+def test_curve_slopes_are_least_squares_per_100_steps_in_each_half():
+    from mempo.evaluation.stats import curve_slopes
+
+    # rising 0.01 a step for 10 steps, then flat at the value it reached; a None step is left out
+    curve = [0.01 * i for i in range(10)] + [0.2] * 4 + [None] + [0.2] * 5
+    s = curve_slopes(curve)
+    assert s["early"] == pytest.approx(1.0) and s["late"] == pytest.approx(0.0)
+    # hand-worked: y = 0, 1, 0, 1 against x = 0..3: sum (x - 1.5)(y - 0.5) = 1, sum (x - 1.5)^2 = 5,
+    # slope 0.2 a step, 20 per 100 steps
+    assert curve_slopes([9, 9, 9, 9, 0, 1, 0, 1])["late"] == pytest.approx(20.0)
+    assert curve_slopes([0.5, 0.5]) == {"early": None, "late": None}  # too short to fit
+
+
+def test_pooled_slopes_say_flat_only_when_the_late_interval_contains_zero():
+    from mempo.evaluation.stats import slopes_over_seeds
+
+    rising = {s: [0.001 * (s + 1) * i for i in range(20)] for s in range(3)}  # every seed still rising
+    out = slopes_over_seeds(rising, 200)
+    assert out["flat"] is False and out["late"]["ci95_low"] > 0 and out["late"]["seeds"] == 3
+    assert out["per_seed"][1]["late"] == pytest.approx(0.2)
+    # one seed falls as much as another rises in its second half: the interval straddles 0
+    settled = {0: [0.01 * i for i in range(10)] + [0.1 + 0.01 * i for i in range(10)],
+               1: [0.01 * i for i in range(10)] + [0.1 - 0.01 * i for i in range(10)]}
+    out = slopes_over_seeds(settled, 200)
+    assert out["flat"] is True and out["early"]["mean"] == pytest.approx(1.0)
+    assert slopes_over_seeds({0: [0.1]}, 50)["flat"] is None

@@ -3,6 +3,7 @@ into one paired comparison (two-level bootstrap with the per-task files, seeds o
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,12 +26,14 @@ def lp():
     return load_benchmark("learning_pool")
 
 
-def _job(vals: list[float]) -> dict:
+def _job(vals: list[float], curve: list[float] | None = None) -> dict:
     ev = {b: {"aggregate": {"n": len(vals), "em": sum(vals) / len(vals), "objective_em": sum(vals) / len(vals),
                             "forgetting_rate": 0.5 if b != "single" else None},
               "per_task": {f"t{i}": {"em": v, "objective_em": v, "forgetting_rate": None if b == "single" else 0.5}
                            for i, v in enumerate(vals)}} for b in SETS}
-    return {"eval": ev, "mean_time_step": 1.0, "mem_scoring_share": 0.0, "curve": [{"step": 1, "reward_mean": 0.5}]}
+    rewards = curve or [0.5]
+    return {"eval": ev, "mean_time_step": 1.0, "mem_scoring_share": 0.0,
+            "curve": [{"step": i + 1, "reward_mean": r} for i, r in enumerate(rewards)]}
 
 
 def _study(learning, path: Path, seeds: list[int], gain: dict[int, list[float]], rl_steps: int = 1) -> Path:
@@ -122,3 +125,35 @@ def test_a_malformed_per_task_file_is_refused_naming_it_and_the_line(learning, l
     side.write_bytes(gzip.compress(("\n".join(lines[:1] + ['{"variant": "grpo", "seed": 0}'] + lines[1:]) + "\n").encode()))
     assert lp.main([str(s1), "--pair", "mempo_half", "grpo"]) == 2
     assert "only.per_task.jsonl.gz: row 2: KeyError" in capsys.readouterr().err
+
+
+def test_reward_slopes_pool_over_every_studys_seeds_and_read_old_one_seed_studies(learning, lp, tmp_path):
+    """Per-seed reward slopes pool across studies: from the study's `reward_trend`, or, in a study
+    from before it that ran one seed, from its curve (which is that seed's)."""
+    gain = {s: [1.0, 0.0] for s in range(3)}
+    rising = [0.01 * i for i in range(8)]  # 1.0 per 100 steps in both halves
+    a = learning._args(["--seeds", "1", "2", "--variants", "grpo", "mempo_half", "--rl-steps", "8",
+                        "--bootstrap", "50", "--workdir", str(tmp_path)])
+    results = {k: _job([0.0, 0.0]) for k in ("untrained", "sft-memory", "sft-full")}
+    for s in (1, 2):
+        results[f"rl-grpo-seed{s}"] = _job([0.0, 0.0], rising)
+        results[f"rl-mempo_half-seed{s}"] = _job(gain[s], [0.3] * 8)  # flat from the start
+    new = tmp_path / "new" / "seeds1_2.json"
+    write_json(new, learning.summarise(a, results))
+    trend = learning.summarise(a, results)["reward_trend"]
+    assert trend["grpo"]["late"]["mean"] == pytest.approx(1.0) and trend["grpo"]["flat"] is False
+    assert trend["mempo_half"]["flat"] is True
+    old = _study(learning, tmp_path / "old" / "seed0.json", [0], gain, rl_steps=8)
+    study = json.loads(old.read_text())
+    del study["reward_trend"]  # as written before the trend existed
+    study["curves"]["grpo"] = [{"step": i + 1, "reward_mean": 0.5 - 0.02 * i} for i in range(8)]
+    old.write_text(json.dumps(study))
+    out = lp.pool([lp.load_study(p, "mempo_half", "grpo") for p in (old, new)], "mempo_half", "grpo", 100)
+    g = out["reward_trend"]["grpo"]
+    assert g["seeds"] == 3 and g["late"]["mean"] == pytest.approx((-2.0 + 1.0 + 1.0) / 3)
+    assert g["early"]["ci95_low"] == pytest.approx(-2.0) and g["flat"] is True
+    # a study of several seeds without per-seed slopes cannot say: no trend rather than a wrong one
+    del study["curves"]["grpo"]
+    old.write_text(json.dumps(study))
+    out = lp.pool([lp.load_study(p, "mempo_half", "grpo") for p in (old, new)], "mempo_half", "grpo", 100)
+    assert "grpo" not in out["reward_trend"] and "mempo_half" in out["reward_trend"]

@@ -12,13 +12,16 @@ so it reflects both seed-to-seed and task-to-task variation.
 Where only per-seed values survive (studies from before the per-task files),
 `seed_bootstrap(diffs)` resamples the per-seed differences alone: its interval speaks for the
 task set the seeds were evaluated on, not for new tasks.
+
+`curve_slopes(rewards)` says whether a training curve has flattened: the least-squares slope
+of its first and second half, per 100 steps (pool the per-seed slopes with `seed_bootstrap`).
 """
 
 from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 
 def paired_bootstrap(
@@ -69,3 +72,46 @@ def seed_bootstrap(diffs: Sequence[float], n_boot: int = 2000, seed: int = 0) ->
     rng = random.Random(seed)
     boots = [statistics.fmean(vals[rng.randrange(len(vals))] for _ in vals) for _ in range(max(1, n_boot))]
     return {"mean": statistics.fmean(vals), **_percentile_95(boots), "seeds": len(vals)}
+
+
+def curve_slopes(values: Sequence[float | None]) -> dict[str, float | None]:
+    """A training curve's trend in its first and second half: least-squares slope per 100 steps
+    (`early`, `late`; steps valued None are left out). A curve has flattened when its late
+    slope is near 0 while its early one was not; pooled over seeds with `seed_bootstrap`."""
+    half = len(values) // 2
+    out: dict[str, float | None] = {}
+    for name, part in (("early", values[:half]), ("late", values[half:])):
+        pts = [(i, float(v)) for i, v in enumerate(part) if v is not None]
+        if len(pts) < 3:
+            out[name] = None
+            continue
+        xs, ys = [i for i, _ in pts], [y for _, y in pts]
+        x_mean, y_mean = statistics.fmean(xs), statistics.fmean(ys)
+        sxx = sum((x - x_mean) ** 2 for x in xs)
+        out[name] = 100 * sum((x - x_mean) * (y - y_mean) for x, y in pts) / sxx
+    return out
+
+
+def slopes_over_seeds(curves: Mapping[int, Sequence[float | None]], n_boot: int = 2000) -> dict[str, object]:
+    """`curve_slopes` of each seed's curve, pooled by `pool_slopes`. Keys: per_seed, early, late, flat."""
+    per_seed = {int(s): curve_slopes(c) for s, c in sorted(curves.items())}
+    return {"per_seed": per_seed, **pool_slopes(per_seed.values(), n_boot)}
+
+
+def pool_slopes(per_seed: Iterable[Mapping[str, float | None]], n_boot: int = 2000) -> dict[str, object]:
+    """Each half's slope (from `curve_slopes`) as a mean over seeds with a 95% seed bootstrap
+    interval. `flat`: the late slope's interval contains 0 (with few seeds, or noisy curves,
+    weak evidence: read it with the interval). Keys: early, late, flat."""
+    rows = list(per_seed)
+    out: dict[str, object] = {}
+    for half in ("early", "late"):
+        out[half] = seed_bootstrap([v for r in rows if (v := r.get(half)) is not None], n_boot)
+    late = out["late"]
+    out["flat"] = None if late is None else bool(late["ci95_low"] <= 0.0 <= late["ci95_high"])  # type: ignore[index]
+    return out
+
+def format_interval(d: Mapping[str, float] | None) -> str:
+    """'+0.041 [+0.015, +0.068]' for a result of the bootstraps above ('-' for None)."""
+    if d is None:
+        return "-"
+    return f"{d['mean']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]"
