@@ -509,7 +509,7 @@ def print_trend(trend: dict[str, Any]) -> None:
 
     for v, t in trend.items():
         print(f"reward slope /100 steps  {v:<11} first half {format_interval(t['early'])}  "
-              f"second half {format_interval(t['late'])}  flat: {'-' if t['flat'] is None else 'yes' if t['flat'] else 'no'}")
+              f"second half {format_interval(t['late'])}  {t['verdict'] or '-'}")
 
 
 def main(argv: list[str] | None = None) -> int:

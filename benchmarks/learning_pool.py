@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {key:<24} {format_interval(d)}   per study: {per}")
     for v, t in out["reward_trend"].items():
         print(f"  reward slope /100 steps  {v:<11} first half {format_interval(t['early'])}  "
-              f"second half {format_interval(t['late'])}  ({t['seeds']} seeds)")
+              f"second half {format_interval(t['late'])}  {t['verdict'] or '-'} ({t['seeds']} seeds)")
     if args.out:
         write_json(args.out, out)
         print(f"wrote {args.out}")

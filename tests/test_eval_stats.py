@@ -62,16 +62,21 @@ def test_curve_slopes_are_least_squares_per_100_steps_in_each_half():
     assert curve_slopes([0.5, 0.5]) == {"early": None, "late": None}  # too short to fit
 
 
-def test_pooled_slopes_say_flat_only_when_the_late_interval_contains_zero():
+def test_pooled_slopes_say_rising_flat_or_undecided_from_the_late_interval():
     from mempo.evaluation.stats import slopes_over_seeds
 
     rising = {s: [0.001 * (s + 1) * i for i in range(20)] for s in range(3)}  # every seed still rising
     out = slopes_over_seeds(rising, 200)
-    assert out["flat"] is False and out["late"]["ci95_low"] > 0 and out["late"]["seeds"] == 3
+    assert out["verdict"] == "rising" and out["late"]["ci95_low"] > 0 and out["late"]["seeds"] == 3
     assert out["per_seed"][1]["late"] == pytest.approx(0.2)
-    # one seed falls as much as another rises in its second half: the interval straddles 0
-    settled = {0: [0.01 * i for i in range(10)] + [0.1 + 0.01 * i for i in range(10)],
-               1: [0.01 * i for i in range(10)] + [0.1 - 0.01 * i for i in range(10)]}
-    out = slopes_over_seeds(settled, 200)
-    assert out["flat"] is True and out["early"]["mean"] == pytest.approx(1.0)
-    assert slopes_over_seeds({0: [0.1]}, 50)["flat"] is None
+    falling = {s: [1.0 - 0.01 * i for i in range(20)] for s in range(2)}
+    assert slopes_over_seeds(falling, 50)["verdict"] == "falling"
+    # one seed falls as much as another rises in its second half: the interval straddles 0 widely
+    split = {0: [0.01 * i for i in range(10)] + [0.1 + 0.01 * i for i in range(10)],
+             1: [0.01 * i for i in range(10)] + [0.1 - 0.01 * i for i in range(10)]}
+    out = slopes_over_seeds(split, 200)
+    assert out["verdict"] == "undecided" and out["early"]["mean"] == pytest.approx(1.0)
+    # both seeds rose, then settled within 0.01 per 100 steps of level
+    settled = {s: [0.01 * i for i in range(10)] + [0.1 + 0.0001 * (-1) ** s * i for i in range(10)] for s in range(2)}
+    assert slopes_over_seeds(settled, 200)["verdict"] == "flat"
+    assert slopes_over_seeds({0: [0.1]}, 50)["verdict"] is None

@@ -141,8 +141,8 @@ def test_reward_slopes_pool_over_every_studys_seeds_and_read_old_one_seed_studie
     new = tmp_path / "new" / "seeds1_2.json"
     write_json(new, learning.summarise(a, results))
     trend = learning.summarise(a, results)["reward_trend"]
-    assert trend["grpo"]["late"]["mean"] == pytest.approx(1.0) and trend["grpo"]["flat"] is False
-    assert trend["mempo_half"]["flat"] is True
+    assert trend["grpo"]["late"]["mean"] == pytest.approx(1.0) and trend["grpo"]["verdict"] == "rising"
+    assert trend["mempo_half"]["verdict"] == "flat"
     old = _study(learning, tmp_path / "old" / "seed0.json", [0], gain, rl_steps=8)
     study = json.loads(old.read_text())
     del study["reward_trend"]  # as written before the trend existed
@@ -151,7 +151,7 @@ def test_reward_slopes_pool_over_every_studys_seeds_and_read_old_one_seed_studie
     out = lp.pool([lp.load_study(p, "mempo_half", "grpo") for p in (old, new)], "mempo_half", "grpo", 100)
     g = out["reward_trend"]["grpo"]
     assert g["seeds"] == 3 and g["late"]["mean"] == pytest.approx((-2.0 + 1.0 + 1.0) / 3)
-    assert g["early"]["ci95_low"] == pytest.approx(-2.0) and g["flat"] is True
+    assert g["early"]["ci95_low"] == pytest.approx(-2.0) and g["verdict"] == "undecided"
     # a study of several seeds without per-seed slopes cannot say: no trend rather than a wrong one
     del study["curves"]["grpo"]
     old.write_text(json.dumps(study))

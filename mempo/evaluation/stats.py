@@ -92,22 +92,32 @@ def curve_slopes(values: Sequence[float | None]) -> dict[str, float | None]:
     return out
 
 
+FLAT_TOLERANCE = 0.02  # reward per 100 steps: a curve within it is not worth more steps
+
+
 def slopes_over_seeds(curves: Mapping[int, Sequence[float | None]], n_boot: int = 2000) -> dict[str, object]:
-    """`curve_slopes` of each seed's curve, pooled by `pool_slopes`. Keys: per_seed, early, late, flat."""
+    """`curve_slopes` of each seed's curve, pooled by `pool_slopes`. Keys: per_seed, early, late, verdict."""
     per_seed = {int(s): curve_slopes(c) for s, c in sorted(curves.items())}
     return {"per_seed": per_seed, **pool_slopes(per_seed.values(), n_boot)}
 
 
-def pool_slopes(per_seed: Iterable[Mapping[str, float | None]], n_boot: int = 2000) -> dict[str, object]:
+def pool_slopes(per_seed: Iterable[Mapping[str, float | None]], n_boot: int = 2000,
+                tolerance: float = FLAT_TOLERANCE) -> dict[str, object]:
     """Each half's slope (from `curve_slopes`) as a mean over seeds with a 95% seed bootstrap
-    interval. `flat`: the late slope's interval contains 0 (with few seeds, or noisy curves,
-    weak evidence: read it with the interval). Keys: early, late, flat."""
+    interval, and what the late one says: `rising` / `falling` (its interval above / below 0),
+    `flat` (its interval within +-tolerance per 100 steps), `undecided` (neither: too few seeds
+    or too noisy a curve to tell), None (no slope). Keys: early, late, verdict."""
     rows = list(per_seed)
     out: dict[str, object] = {}
     for half in ("early", "late"):
         out[half] = seed_bootstrap([v for r in rows if (v := r.get(half)) is not None], n_boot)
     late = out["late"]
-    out["flat"] = None if late is None else bool(late["ci95_low"] <= 0.0 <= late["ci95_high"])  # type: ignore[index]
+    if late is None:
+        out["verdict"] = None
+    else:
+        lo, hi = late["ci95_low"], late["ci95_high"]  # type: ignore[index]
+        out["verdict"] = ("rising" if lo > 0 else "falling" if hi < 0
+                          else "flat" if -tolerance <= lo and hi <= tolerance else "undecided")
     return out
 
 def format_interval(d: Mapping[str, float] | None) -> str:
