@@ -143,12 +143,47 @@ def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000) -> d
     return out
 
 
+def plot(out: dict[str, Any], path: Path) -> Path:
+    """The pooled differences as a forest plot: one row per set and metric, the pooled mean
+    with its 95% interval, each study's own mean as a small mark beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mempo.io import atomic_path
+
+    keys = [k for k, d in out["pooled"].items() if d is not None]
+    fig, ax = plt.subplots(figsize=(8.5, 0.45 * len(keys) + 1.4), dpi=100)
+    for row, key in enumerate(reversed(keys)):
+        d = out["pooled"][key]
+        ax.errorbar([d["mean"]], [row], xerr=[[d["mean"] - d["ci95_low"]], [d["ci95_high"] - d["mean"]]],
+                    fmt="o", color="black", capsize=3)
+        for i, (name, st) in enumerate(out["studies"].items()):
+            if st.get(key) is not None:
+                ax.plot([st[key]], [row + 0.22], marker="|", markersize=8, linestyle="none", color=f"C{i}",
+                        label=None if row else Path(name).stem)
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    ax.set_yticks(range(len(keys)), list(reversed(keys)))
+    a, b = out["pair"]
+    ax.set_xlabel(f"{a} - {b} (pooled over {len(out['seeds'])} seeds, 95% interval)")
+    ax.grid(axis="x", alpha=0.3)
+    if len(out["studies"]) > 1:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="study means", title_fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("studies", nargs="+", type=Path, help="learning.py --out files (one study alone: a pair its own summary did not compare)")
     ap.add_argument("--pair", nargs=2, required=True, metavar=("A", "B"), help="variants: the difference A - B")
     ap.add_argument("--bootstrap", type=int, default=2000)
-    ap.add_argument("--out", type=Path, default=None, help="write the pooled comparison here (JSON)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write the pooled comparison here (JSON), and beside it the forest plot (.png)")
     args = ap.parse_args(argv)
     try:
         a, b = args.pair
@@ -166,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
               f"second half {format_interval(t['late'])}  {t['verdict'] or '-'} ({t['seeds']} seeds)")
     if args.out:
         write_json(args.out, out)
-        print(f"wrote {args.out}")
+        print(f"wrote {args.out} and {plot(out, args.out.with_suffix('.png'))}")
     return 0
 
 

@@ -75,10 +75,10 @@ def test_without_a_per_task_file_only_seeds_are_resampled(learning, lp, tmp_path
     out_path = tmp_path / "pooled.json"
     assert lp.main([str(s1), str(s2), "--pair", "mempo_half", "grpo", "--out", str(out_path)]) == 0
     assert "seeds only" in capsys.readouterr().out
-    import json
-
     d = json.loads(out_path.read_text())["pooled"]["k4/em"]
     assert (d["mean"], d["ci95_low"], d["ci95_high"], d["seeds"]) == (0.5, 0.5, 0.5, 4)
+    # the forest plot beside the JSON
+    assert (tmp_path / "pooled.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_studies_that_are_not_the_same_experiment_or_share_a_seed_are_refused(learning, lp, tmp_path, capsys):
