@@ -31,7 +31,10 @@ policy, which rambles to the turn cap, on the first `--untrained-n` of each).
 Reported per variant and k: EM, objective EM, forgetting rate, format validity, peak and
 mean prompt tokens per turn, how the episodes ended (`mempo.evaluation.outcomes`); the paired
 MemPO - GRPO difference per k with a bootstrap 95% interval (tasks and seeds resampled); RL
-reward curves (mean over seeds) and EM against k as PNGs. Writes benchmarks/results/learning.json,
+reward curves (mean over seeds, with a trailing mean) and EM against k as PNGs; whether each
+variant's reward has flattened (`reward_trend`: per seed, the least-squares slope of the reward
+in the first and second half of the steps, per 100 steps, pooled over seeds with an interval;
+`rising`, `flat` within +-0.02, or `undecided`). Writes benchmarks/results/learning.json,
 learning_curves.png, learning_em_vs_k.png (and learning_curves_per_k.png: rollout EM on the
 singles and the k=2 tasks while RL trains), and beside `--out` its per-task values
 (`learning.per_task.jsonl.gz`), which `benchmarks/learning_pool.py` reads to pool studies run on
