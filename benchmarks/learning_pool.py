@@ -14,7 +14,10 @@ interval is the study's own two-level bootstrap (seeds, then tasks within each s
 only (`seed_bootstrap`), and the output says so (`resampled`): that interval is for the test
 tasks the seeds shared, not for new tasks. Studies that differ in a setting, or that share a
 seed, are refused with the file and field named. One study alone gives a pair its own summary
-did not compare (e.g. `--pair mempo_half full`).
+did not compare (e.g. `--pair mempo_half full`). The two variants' reward trends (per-seed
+slopes of the training reward, `mempo.evaluation.stats.curve_slopes`) pool too, where every
+study has them (a one-seed study from before them: from its curve). `--out` writes the JSON
+and beside it a forest plot of the pooled differences.
 """
 
 from __future__ import annotations
