@@ -80,3 +80,5 @@ def test_pooled_slopes_say_rising_flat_or_undecided_from_the_late_interval():
     settled = {s: [0.01 * i for i in range(10)] + [0.1 + 0.0001 * (-1) ** s * i for i in range(10)] for s in range(2)}
     assert slopes_over_seeds(settled, 200)["verdict"] == "flat"
     assert slopes_over_seeds({0: [0.1]}, 50)["verdict"] is None
+    one = slopes_over_seeds({0: [0.01 * i for i in range(20)]}, 50)  # rising, but one seed has no interval
+    assert one["late"]["mean"] == pytest.approx(1.0) and one["verdict"] == "undecided"

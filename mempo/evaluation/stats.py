@@ -14,7 +14,7 @@ Where only per-seed values survive (studies from before the per-task files),
 task set the seeds were evaluated on, not for new tasks.
 
 `curve_slopes(rewards)` says whether a training curve has flattened: the least-squares slope
-of its first and second half, per 100 steps (pool the per-seed slopes with `seed_bootstrap`).
+of its first and second half, per 100 steps; `pool_slopes` pools them over seeds.
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ def pool_slopes(per_seed: Iterable[Mapping[str, float | None]], n_boot: int = 20
                 tolerance: float = FLAT_TOLERANCE) -> dict[str, object]:
     """Each half's slope (from `curve_slopes`) as a mean over seeds with a 95% seed bootstrap
     interval, and what the late one says: `rising` / `falling` (its interval above / below 0),
-    `flat` (its interval within +-tolerance per 100 steps), `undecided` (neither: too few seeds
-    or too noisy a curve to tell), None (no slope). Keys: early, late, verdict."""
+    `flat` (its interval within +-tolerance per 100 steps), `undecided` (neither, or one seed
+    only: too few seeds or too noisy a curve to tell), None (no slope). Keys: early, late, verdict."""
     rows = list(per_seed)
     out: dict[str, object] = {}
     for half in ("early", "late"):
@@ -114,6 +114,8 @@ def pool_slopes(per_seed: Iterable[Mapping[str, float | None]], n_boot: int = 20
     late = out["late"]
     if late is None:
         out["verdict"] = None
+    elif late["seeds"] < 2:  # type: ignore[index]
+        out["verdict"] = "undecided"  # one seed's slope has no interval over seeds
     else:
         lo, hi = late["ci95_low"], late["ci95_high"]  # type: ignore[index]
         out["verdict"] = ("rising" if lo > 0 else "falling" if hi < 0
