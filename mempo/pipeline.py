@@ -364,6 +364,9 @@ def summarize(root: str | Path = ".", result: PipelineResult | None = None) -> l
     if uri.startswith("sqlite:///"):
         lines.append("MLflow UI:   mlflow ui --backend-store-uri sqlite:///mlflow.db "
                      "--default-artifact-root ./mlartifacts --host 127.0.0.1")
+        page = _run_page(uri, result.parent_run_id) if result is not None and result.parent_run_id else None
+        if page:
+            lines.append(f"             then {page}")
     else:
         lines.append(f"MLflow:      {uri}")
     registered = root / params.registration.out / "registered.json"
@@ -382,6 +385,19 @@ def summarize(root: str | Path = ".", result: PipelineResult | None = None) -> l
     if result is not None and result.parent_run_id:
         lines.extend(_stage_time_lines(root, result.parent_run_id, result.seconds, result.side_by_side))
     return lines
+
+
+def _run_page(uri: str, run_id: str, ui: str = "http://127.0.0.1:5000") -> str | None:
+    """The MLflow UI's page of a run, in its Model training view (MLflow 3's UI opens in the
+    GenAI view otherwise, which lists traces, not these runs). None if the run is not found."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        exp_id = MlflowClient(uri).get_run(run_id).info.experiment_id
+    except MlflowException:
+        return None
+    return f"{ui}/#/experiments/{exp_id}/runs/{run_id}?workflowType=machine_learning"
 
 
 def _stage_time_lines(root: Path, parent_run_id: str, total_s: float,

@@ -112,6 +112,17 @@ def test_stage_wall_time_is_a_metric_and_in_the_pipeline_summary(mlflow_uri: str
     assert lines[-1].split()[:2] == ["other", f"{10.0 - max(times.values()):.1f}"]
 
 
+def test_the_summary_links_the_pipeline_run_in_the_uis_model_training_view(mlflow_uri: str) -> None:
+    from mempo.pipeline import _run_page
+
+    with tracking.pipeline_run("pipe") as parent_id:
+        pass
+    exp_id = mlflow.MlflowClient(mlflow_uri).get_run(parent_id).info.experiment_id
+    assert _run_page(mlflow_uri, parent_id) == (
+        f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs/{parent_id}?workflowType=machine_learning")
+    assert _run_page(mlflow_uri, "0" * 32) is None  # no such run: no link rather than a wrong one
+
+
 def test_stage_wall_times_name_runs_by_dvc_stage_and_keep_repeated_names(
     mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
