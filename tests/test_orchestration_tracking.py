@@ -138,6 +138,13 @@ def test_stage_wall_times_name_runs_by_dvc_stage_and_keep_repeated_names(
             with tracking.stage_run("eval"):
                 pass
     assert list(tracking.stage_wall_times(parent_id)) == ["sft", "sft_full", "eval", "eval#2"]
+    # in the UI too, the full-history cold start's run is named by its DVC stage
+    client = mlflow.MlflowClient()
+    exp = client.get_run(parent_id).info.experiment_id
+    children = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{parent_id}'",
+                                  order_by=["attributes.start_time ASC"])
+    assert [r.info.run_name for r in children] == ["sft", "sft_full", "eval", "eval"]
+    assert {r.data.tags["mempo.stage"] for r in children[:2]} == {"sft"}
 
 
 def test_dir_hash_changes_with_content(tmp_path: Path) -> None:

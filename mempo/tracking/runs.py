@@ -82,7 +82,8 @@ def stage_run(
     """Open an MLflow run for one stage, tagged with its lineage, nested under the pipeline run.
 
     Args:
-        stage: the stage name (`train`, `eval`, ...); also the run name unless `run_name`.
+        stage: the stage name (`train`, `eval`, ...); also the run name unless `run_name`, or,
+            under DVC, the DVC stage's (so `sft_full` runs the `sft` code in a run named `sft_full`).
         params: the stage's params section (pydantic) or a mapping; logged as params, flattened.
         data: named input paths to hash into `data.<name>.*` tags.
         tags: extra tags.
@@ -133,7 +134,7 @@ def stage_run(
     # parent_run_id sets the mlflow.parentRunId tag, which is what the UI nests by.
     run = mlflow.start_run(
         experiment_id=exp_id,
-        run_name=run_name or stage,
+        run_name=run_name or os.environ.get("DVC_STAGE") or stage,
         nested=active is not None,
         parent_run_id=None if active is not None else parent_id,
         tags=all_tags,
