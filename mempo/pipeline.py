@@ -328,6 +328,9 @@ def run_pipeline(
                 MlflowClient(tracking_uri(root)).log_artifact(parent_id, str(root / "dvc.lock"))
                 MlflowClient(tracking_uri(root)).set_tag(parent_id, "mempo.stages_ran", ",".join(result.ran) or "none")
                 tag_stage_runs_with_dvc_hashes(parent_id, root)
+            if parent_id is not None:
+                log_pipeline_metrics(parent_id, root, root / (params.registration.headline or Path(
+                    params.registration.out) / "headline.json"), time.perf_counter() - t0)
     finally:
         if env_before is None:
             os.environ.pop("MEMPO_PROJECT_ROOT", None)
@@ -341,6 +344,28 @@ def run_pipeline(
                             if remote else "DVC remote:  none configured, nothing pushed (dvc remote add -d ...)")
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def log_pipeline_metrics(parent_id: str, root: Path, headline: Path, seconds: float) -> dict[str, float]:
+    """On the pipeline run itself: its wall time (`pipeline_wall_s`) and the headline numbers
+    the outputs now hold (`headline/<key>`, from the register stage's headline.json, also when
+    DVC had nothing to rerun), so pipeline runs compare side by side in the MLflow UI's table."""
+    from mlflow import MlflowClient
+
+    from mempo.tracking import tracking_uri
+
+    metrics = {"pipeline_wall_s": round(seconds, 1)}
+    try:
+        values = json.loads(headline.read_text())
+    except (OSError, ValueError):
+        values = {}  # no register stage in this pipeline, or not run yet: the wall time only
+    if isinstance(values, dict):
+        metrics.update({f"headline/{k}": float(v) for k, v in values.items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    client = MlflowClient(tracking_uri(root))
+    for key, value in metrics.items():
+        client.log_metric(parent_id, key, value)
+    return metrics
 
 
 def summarize(root: str | Path = ".", result: PipelineResult | None = None) -> list[str]:

@@ -123,6 +123,21 @@ def test_the_summary_links_the_pipeline_run_in_the_uis_model_training_view(mlflo
     assert _run_page(mlflow_uri, "0" * 32) is None  # no such run: no link rather than a wrong one
 
 
+def test_the_pipeline_run_carries_its_wall_time_and_the_headline_numbers(mlflow_uri: str, tmp_path: Path) -> None:
+    from mempo.pipeline import log_pipeline_metrics
+
+    headline = tmp_path / "register" / "headline.json"
+    headline.parent.mkdir()
+    headline.write_text('{"em.world": 0.8281, "em.k2": 0.375, "tok.full": 2238.7, "note": "text"}')
+    with tracking.pipeline_run("pipe") as parent_id:
+        logged = log_pipeline_metrics(parent_id, tmp_path, headline, 12.34)
+    metrics = mlflow.MlflowClient(mlflow_uri).get_run(parent_id).data.metrics
+    assert metrics == logged == {"pipeline_wall_s": 12.3, "headline/em.world": 0.8281, "headline/em.k2": 0.375,
+                                 "headline/tok.full": 2238.7}
+    with tracking.pipeline_run("pipe") as other:  # no register stage yet: the wall time alone
+        assert log_pipeline_metrics(other, tmp_path, tmp_path / "absent.json", 1.0) == {"pipeline_wall_s": 1.0}
+
+
 def test_stage_wall_times_name_runs_by_dvc_stage_and_keep_repeated_names(
     mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
