@@ -144,6 +144,17 @@ def test_register_links_only_runs_it_can_prove(mlflow_uri: str, tmp_path: Path,
     (ev / "eval.json").unlink()
     r = register_model("agent", _model_dir(tmp_path, "e"), ev / "metrics.json")
     assert (r.source_run_id, r.eval_run_id) == (child.info.run_id, None)
+    # Under DVC: the train stage's run, not the full-history train_full run (the same code,
+    # mempo.stage "train") that ran beside it and started later.
+    dvc_parent = client.create_run(parent.info.experiment_id)
+    pid = dvc_parent.info.run_id
+    train = client.create_run(parent.info.experiment_id, tags={
+        "mempo.stage": "train", "dvc.stage": "train", "mlflow.parentRunId": pid})
+    client.create_run(parent.info.experiment_id, start_time=train.info.start_time + 1000, tags={
+        "mempo.stage": "train", "dvc.stage": "train_full", "mlflow.parentRunId": pid})
+    monkeypatch.setenv("MEMPO_PARENT_RUN_ID", pid)
+    r = register_model("agent", _model_dir(tmp_path, "f"), ev / "metrics.json")
+    assert r.source_run_id == train.info.run_id
 
 
 def test_a_retried_registration_returns_the_version_it_created(mlflow_uri: str, tmp_path: Path) -> None:

@@ -45,14 +45,24 @@ KEY_TAG = "registration_key"
 
 
 def _find_stage_run(client: MlflowClient, stage: str, parent_id: str) -> str | None:
-    """The newest run tagged `mempo.stage=<stage>` under pipeline run `parent_id`."""
-    filt = f"tags.`mempo.stage` = '{stage}' and tags.`mlflow.parentRunId` = '{parent_id}'"
+    """The newest run of `stage` under pipeline run `parent_id`: the one DVC ran as that stage
+    (tag `dvc.stage`), else, outside DVC, the newest tagged `mempo.stage=<stage>`. Not a
+    `train_full` run, which runs the train code beside `train` (and may start later)."""
     try:
         exp = client.get_run(parent_id).info.experiment_id
     except Exception:  # noqa: BLE001 - a stale parent id: no run to find
         return None
-    runs = client.search_runs([exp], filt, order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0].info.run_id if runs else None
+    under = f"tags.`mlflow.parentRunId` = '{parent_id}'"
+    for filt in (f"tags.`dvc.stage` = '{stage}' and {under}",
+                 f"tags.`mempo.stage` = '{stage}' and {under}"):
+        runs = client.search_runs([exp], filt, order_by=["attributes.start_time DESC"], max_results=10)
+        if "dvc.stage" in filt:
+            runs = [r for r in runs if r.data.tags.get("mempo.stage") == stage]
+        else:
+            runs = [r for r in runs if "dvc.stage" not in r.data.tags]
+        if runs:
+            return runs[0].info.run_id
+    return None
 
 
 def _recorded_run_id(path: Path) -> str | None:
