@@ -13,7 +13,8 @@ interval is the study's own two-level bootstrap (seeds, then tasks within each s
 `mempo.evaluation.stats.paired_bootstrap`); otherwise it resamples the per-seed differences
 only (`seed_bootstrap`), and the output says so (`resampled`): that interval is for the test
 tasks the seeds shared, not for new tasks. Studies that differ in a setting, or that share a
-seed, are refused with the file and field named. One study alone gives a pair its own summary
+seed, are refused with the file and field named. Whether the gain grows with k: per seed, the
+k=4 difference minus the k=2 one (`k4_minus_k2`, seeds resampled). One study alone gives a pair its own summary
 did not compare (e.g. `--pair mempo_half full`). The two variants' reward trends (per-seed
 slopes of the training reward, `mempo.evaluation.stats.curve_slopes`) pool too, where every
 study has them (a one-seed study from before them: from its curve). `--out` writes the JSON
@@ -117,6 +118,7 @@ def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000) -> d
     out: dict[str, Any] = {"pair": [a, b], "seeds": seeds,
                            "resampled": "seeds, then tasks within a seed" if two_level else "seeds only",
                            "studies": {}, "pooled": {}}
+    seed_diffs: dict[str, dict[int, float]] = {}
     for st in studies:
         out["studies"][st["path"].name] = {"seeds": st["seeds"], "per_task": st["per_task"] is not None}
     for bench in BENCHES:
@@ -128,6 +130,7 @@ def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000) -> d
                     va, vb = st["per_seed"][a][bench][m].get(s), st["per_seed"][b][bench][m].get(s)
                     if va is not None and vb is not None:
                         diffs[s] = va - vb
+            seed_diffs[key] = diffs
             for st in studies:
                 d = [diffs[s] for s in st["seeds"] if s in diffs]
                 out["studies"][st["path"].name][key] = statistics.fmean(d) if d else None
@@ -137,6 +140,12 @@ def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000) -> d
                 out["pooled"][key] = paired_bootstrap(runs[a], runs[b], n_boot)
             else:
                 out["pooled"][key] = seed_bootstrap([diffs[s] for s in seeds if s in diffs], n_boot)
+    # is the gain larger on the longer tasks? per seed, (A - B at k4) - (A - B at k2); seeds
+    # resampled (the k2 and k4 tasks differ, so there is no task pairing to resample)
+    out["k4_minus_k2"] = {}
+    for m in ("objective_em", "forgetting_rate"):
+        k2, k4 = seed_diffs[f"k2/{m}"], seed_diffs[f"k4/{m}"]
+        out["k4_minus_k2"][m] = seed_bootstrap([k4[s] - k2[s] for s in seeds if s in k2 and s in k4], n_boot)
     # has each variant's training reward stopped rising? (per-seed slopes, all studies' seeds)
     out["reward_trend"] = {}
     for v in (a, b):
@@ -199,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         if d is not None:
             per = "  ".join(f"{v[key]:+.3f}" if v.get(key) is not None else "-" for v in out["studies"].values())
             print(f"  {key:<24} {format_interval(d)}   per study: {per}")
+    for m, d in out["k4_minus_k2"].items():
+        print(f"  {'gain k4 - gain k2, ' + m:<24} {format_interval(d)}   (seeds resampled)")
     for v, t in out["reward_trend"].items():
         print(f"  reward slope /100 steps  {v:<11} first half {format_interval(t['early'])}  "
               f"second half {format_interval(t['late'])}  {t['verdict'] or '-'} ({t['seeds']} seeds)")

@@ -157,3 +157,16 @@ def test_reward_slopes_pool_over_every_studys_seeds_and_read_old_one_seed_studie
     old.write_text(json.dumps(study))
     out = lp.pool([lp.load_study(p, "mempo_half", "grpo") for p in (old, new)], "mempo_half", "grpo", 100)
     assert "grpo" not in out["reward_trend"] and "mempo_half" in out["reward_trend"]
+
+
+def test_the_gain_at_k4_minus_the_gain_at_k2_is_paired_by_seed(learning, lp, tmp_path):
+    gain = {s: [1.0, 0.0] for s in range(3)}  # +0.5 on every set and seed
+    path = _study(learning, tmp_path / "s" / "study.json", [0, 1, 2], gain)
+    study = json.loads(path.read_text())
+    study["results"]["mempo_half"]["k4"]["objective_em"]["per_seed"] = [0.6, 0.9, 0.5]  # k4 gains 0.6 / 0.9 / 0.5
+    path.write_text(json.dumps(study))
+    learning.per_task_path(path).unlink()
+    out = lp.pool([lp.load_study(path, "mempo_half", "grpo")], "mempo_half", "grpo", 200)
+    d = out["k4_minus_k2"]["objective_em"]
+    assert d["mean"] == pytest.approx((0.1 + 0.4 + 0.0) / 3) and d["seeds"] == 3
+    assert 0.0 <= d["ci95_low"] < d["mean"] < d["ci95_high"] <= 0.4 + 1e-9  # means of resampled seeds
