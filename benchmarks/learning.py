@@ -357,7 +357,7 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
             table[v][bench] = {m: _stats([r["eval"][bench]["aggregate"].get(m) for r in runs]) for m in REPORTED}
             table[v][bench]["n"] = runs[0]["eval"][bench]["aggregate"].get("n")
             table[v][bench]["outcomes"] = mean_outcomes([r["eval"][bench]["aggregate"].get("outcomes") for r in runs])
-    from mempo.evaluation.stats import paired_bootstrap
+    from mempo.evaluation.stats import paired_bootstrap, seed_contrast
 
     paired: dict[str, dict[str, Any]] = {}
     for name, (x, y) in {"mempo_minus_grpo": ("mempo", "grpo"), "mempo_minus_full": ("mempo", "full"),
@@ -381,6 +381,13 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                     [{t: d[metric] for t, d in r["eval"][bench]["per_task"].items()} for r in xs],
                     [{t: d[metric] for t, d in r["eval"][bench]["per_task"].items()} for r in ys],
                     a.bootstrap)
+        # does the gain grow with k? per seed, the k=4 difference minus the k=2 one (seeds resampled)
+        for metric in ("objective_em", "forgetting_rate"):
+            gap = {bench: {s: rx["eval"][bench]["aggregate"][metric] - ry["eval"][bench]["aggregate"][metric]
+                           for s, rx, ry in zip(common, xs, ys, strict=True)
+                           if rx["eval"][bench]["aggregate"].get(metric) is not None
+                           and ry["eval"][bench]["aggregate"].get(metric) is not None} for bench in ("k2", "k4")}
+            paired[name][f"k4_minus_k2/{metric}"] = seed_contrast(gap["k4"], gap["k2"], a.bootstrap)
     curves = {}
     for v in a.variants:
         rows = []
@@ -502,7 +509,7 @@ def print_table(out: dict[str, Any]) -> None:
     for name, per in out["paired"].items():
         for key, d in per.items():
             if isinstance(d, dict) and key.rsplit("/", 1)[-1] in ("em", "objective_em"):
-                print(f"{name:<22} {key:<18} {format_interval(d)}")
+                print(f"{name:<22} {key:<24} {format_interval(d)}")
     print_trend(out.get("reward_trend") or {})
 
 

@@ -40,6 +40,7 @@ from mempo.evaluation.stats import (  # noqa: E402
     paired_bootstrap,
     pool_slopes,
     seed_bootstrap,
+    seed_contrast,
 )
 from mempo.io import iter_jsonl, write_json  # noqa: E402
 
@@ -144,8 +145,7 @@ def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000) -> d
     # resampled (the k2 and k4 tasks differ, so there is no task pairing to resample)
     out["k4_minus_k2"] = {}
     for m in ("objective_em", "forgetting_rate"):
-        k2, k4 = seed_diffs[f"k2/{m}"], seed_diffs[f"k4/{m}"]
-        out["k4_minus_k2"][m] = seed_bootstrap([k4[s] - k2[s] for s in seeds if s in k2 and s in k4], n_boot)
+        out["k4_minus_k2"][m] = seed_contrast(seed_diffs[f"k4/{m}"], seed_diffs[f"k2/{m}"], n_boot)
     # has each variant's training reward stopped rising? (per-seed slopes, all studies' seeds)
     out["reward_trend"] = {}
     for v in (a, b):

@@ -53,6 +53,20 @@ def test_paired_differences_use_the_seeds_both_variants_ran(learning, tmp_path):
     learning.print_table(out)  # the table skips the seed lists
 
 
+def test_the_gain_at_k4_minus_the_gain_at_k2_is_paired_by_seed(learning, tmp_path):
+    a = learning._args(["--seeds", "0", "1", "--variants", "grpo", "mempo", "--rl-steps", "3", "--bootstrap", "100",
+                        "--workdir", str(tmp_path)])
+    sets = ("single", "k2", "k4")
+    results = {k: _job({b: [0.0, 0.0] for b in sets}) for k in ("untrained", "sft-memory", "sft-full")}
+    for s in range(2):
+        results[f"rl-grpo-seed{s}"] = _job({b: [0.0, 0.0] for b in sets})
+        # +0.5 at k2 on both seeds; at k4 +1.0 on seed 0 and +0.5 on seed 1
+        results[f"rl-mempo-seed{s}"] = _job({"single": [0.0, 0.0], "k2": [1.0, 0.0], "k4": [1.0, 1.0 - s]})
+    d = learning.summarise(a, results)["paired"]["mempo_minus_grpo"]["k4_minus_k2/objective_em"]
+    assert d["mean"] == pytest.approx(0.25) and d["seeds"] == 2
+    assert d["ci95_low"] == pytest.approx(0.0) and d["ci95_high"] == pytest.approx(0.5)
+
+
 def test_per_k_training_curves_average_over_seeds_and_get_their_own_plot(learning, tmp_path):
     a = learning._args(["--seeds", "0", "1", "--variants", "grpo", "mempo", "--rl-steps", "3", "--bootstrap", "50",
                         "--workdir", str(tmp_path)])

@@ -74,6 +74,12 @@ def seed_bootstrap(diffs: Sequence[float], n_boot: int = 2000, seed: int = 0) ->
     return {"mean": statistics.fmean(vals), **_percentile_95(boots), "seeds": len(vals)}
 
 
+def seed_contrast(high: Mapping[int, float], low: Mapping[int, float], n_boot: int = 2000) -> dict[str, float] | None:
+    """Per seed, high[s] - low[s] (e.g. the MemPO - GRPO difference at k=4 minus the one at
+    k=2: does the gain grow with k?), over the seeds both have, by `seed_bootstrap`."""
+    return seed_bootstrap([high[s] - low[s] for s in high if s in low], n_boot)
+
+
 def curve_slopes(values: Sequence[float | None]) -> dict[str, float | None]:
     """A training curve's trend in its first and second half: least-squares slope per 100 steps
     (`early`, `late`; steps valued None are left out). A curve has flattened when its late
