@@ -46,20 +46,16 @@ KEY_TAG = "registration_key"
 
 def _find_stage_run(client: MlflowClient, stage: str, parent_id: str) -> str | None:
     """The newest run of `stage` under pipeline run `parent_id`: the one DVC ran as that stage
-    (tag `dvc.stage`), else, outside DVC, the newest tagged `mempo.stage=<stage>`. Not a
-    `train_full` run, which runs the train code beside `train` (and may start later)."""
+    (tags `dvc.stage` and `mempo.stage` both `<stage>`), else the newest tagged
+    `mempo.stage=<stage>`. So under DVC not a `train_full` run, which runs the train code
+    beside `train` and may start later."""
     try:
         exp = client.get_run(parent_id).info.experiment_id
     except Exception:  # noqa: BLE001 - a stale parent id: no run to find
         return None
-    under = f"tags.`mlflow.parentRunId` = '{parent_id}'"
-    for filt in (f"tags.`dvc.stage` = '{stage}' and {under}",
-                 f"tags.`mempo.stage` = '{stage}' and {under}"):
-        runs = client.search_runs([exp], filt, order_by=["attributes.start_time DESC"], max_results=10)
-        if "dvc.stage" in filt:
-            runs = [r for r in runs if r.data.tags.get("mempo.stage") == stage]
-        else:
-            runs = [r for r in runs if "dvc.stage" not in r.data.tags]
+    under = f"tags.`mempo.stage` = '{stage}' and tags.`mlflow.parentRunId` = '{parent_id}'"
+    for filt in (f"tags.`dvc.stage` = '{stage}' and {under}", under):
+        runs = client.search_runs([exp], filt, order_by=["attributes.start_time DESC"], max_results=1)
         if runs:
             return runs[0].info.run_id
     return None
