@@ -515,11 +515,10 @@ def print_table(out: dict[str, Any]) -> None:
 
 def print_trend(trend: dict[str, Any]) -> None:
     """Each variant's training-reward slope per 100 steps, first and second half (mean over seeds)."""
-    from mempo.evaluation.stats import format_interval
+    from mempo.evaluation.stats import format_trend
 
     for v, t in trend.items():
-        print(f"reward slope /100 steps  {v:<11} first half {format_interval(t['early'])}  "
-              f"second half {format_interval(t['late'])}  {t['verdict'] or '-'}")
+        print(f"reward slope /100 steps  {v:<11} {format_trend(t)}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ from mempo.errors import MempoError  # noqa: E402
 from mempo.evaluation.stats import (  # noqa: E402
     curve_slopes,
     format_interval,
+    format_trend,
     paired_bootstrap,
     pool_slopes,
     seed_bootstrap,
@@ -211,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     for m, d in out["k4_minus_k2"].items():
         print(f"  {'gain k4 - gain k2, ' + m:<24} {format_interval(d)}   (seeds resampled)")
     for v, t in out["reward_trend"].items():
-        print(f"  reward slope /100 steps  {v:<11} first half {format_interval(t['early'])}  "
-              f"second half {format_interval(t['late'])}  {t['verdict'] or '-'} ({t['seeds']} seeds)")
+        print(f"  reward slope /100 steps  {v:<11} {format_trend(t)} ({t['seeds']} seeds)")
     if args.out:
         write_json(args.out, out)
         print(f"wrote {args.out} and {plot(out, args.out.with_suffix('.png'))}")

@@ -351,6 +351,7 @@ def log_pipeline_metrics(parent_id: str, root: Path, headline: Path, seconds: fl
     the outputs now hold (`headline/<key>`, from the register stage's headline.json, also when
     DVC had nothing to rerun), so pipeline runs compare side by side in the MLflow UI's table."""
     from mlflow import MlflowClient
+    from mlflow.entities import Metric
 
     from mempo.tracking import tracking_uri
 
@@ -362,9 +363,9 @@ def log_pipeline_metrics(parent_id: str, root: Path, headline: Path, seconds: fl
     if isinstance(values, dict):
         metrics.update({f"headline/{k}": float(v) for k, v in values.items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)})
-    client = MlflowClient(tracking_uri(root))
-    for key, value in metrics.items():
-        client.log_metric(parent_id, key, value)
+    now = int(time.time() * 1000)
+    MlflowClient(tracking_uri(root)).log_batch(  # one request, not one per number
+        parent_id, metrics=[Metric(key, value, now, 0) for key, value in metrics.items()])
     return metrics
 
 

@@ -83,7 +83,7 @@ def seed_contrast(high: Mapping[int, float], low: Mapping[int, float], n_boot: i
 def curve_slopes(values: Sequence[float | None]) -> dict[str, float | None]:
     """A training curve's trend in its first and second half: least-squares slope per 100 steps
     (`early`, `late`; steps valued None are left out). A curve has flattened when its late
-    slope is near 0 while its early one was not; pooled over seeds with `seed_bootstrap`."""
+    slope is near 0 while its early one was not; pooled over seeds with `pool_slopes`."""
     half = len(values) // 2
     out: dict[str, float | None] = {}
     for name, part in (("early", values[:half]), ("late", values[half:])):
@@ -128,8 +128,15 @@ def pool_slopes(per_seed: Iterable[Mapping[str, float | None]], n_boot: int = 20
                           else "flat" if -tolerance <= lo and hi <= tolerance else "undecided")
     return out
 
+
 def format_interval(d: Mapping[str, float] | None) -> str:
     """'+0.041 [+0.015, +0.068]' for a result of the bootstraps above ('-' for None)."""
     if d is None:
         return "-"
     return f"{d['mean']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]"
+
+
+def format_trend(t: Mapping[str, object]) -> str:
+    """'first half +0.043 [...]  second half +0.045 [...]  rising' for a `pool_slopes` result."""
+    return (f"first half {format_interval(t['early'])}  second half {format_interval(t['late'])}  "  # type: ignore[arg-type]
+            f"{t['verdict'] or '-'}")
