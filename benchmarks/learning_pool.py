@@ -24,7 +24,6 @@ and beside it a forest plot of the pooled differences.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -35,7 +34,6 @@ sys.path.insert(0, str(REPO))
 
 from mempo.errors import MempoError  # noqa: E402
 from mempo.evaluation.stats import (  # noqa: E402
-    curve_slopes,
     format_interval,
     format_trend,
     paired_bootstrap,
@@ -43,56 +41,8 @@ from mempo.evaluation.stats import (  # noqa: E402
     seed_bootstrap,
     seed_contrast,
 )
-from mempo.io import iter_jsonl, write_json  # noqa: E402
-
-BENCHES = ("single", "k2", "k4")
-METRICS = ("em", "objective_em", "forgetting_rate")
-SAME = ("rl_steps", "batch_questions", "n_rollouts", "eval_tasks", "policy")  # what must match to pool
-
-
-def load_study(path: Path, a: str, b: str) -> dict[str, Any]:
-    """The study's settings, the seeds both variants ran, and per seed and set its per-seed
-    values (and per-task values, where its per-task file exists)."""
-    try:
-        study = json.loads(path.read_text())
-        seeds = study["config"]["seeds"]
-        results = study["results"]
-        for v in (a, b):
-            if v not in seeds or v not in results:
-                raise MempoError(f"{path}: no variant '{v}' (it has: {', '.join(sorted(seeds))})")
-        per_seed = {v: {bench: {m: dict(zip(seeds[v], results[v][bench][m]["per_seed"], strict=True))
-                                for m in METRICS} for bench in BENCHES} for v in (a, b)}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise MempoError(f"{path}: not a learning study result ({type(e).__name__}: {e})") from e
-    common = [s for s in seeds[a] if s in seeds[b]]
-    side = path.with_suffix(".per_task.jsonl.gz")
-    per_task: dict[tuple[str, int, str], dict[str, dict[str, Any]]] | None = None
-    if side.exists():
-        per_task = {}
-        for n, row in iter_jsonl(side):  # malformed lines: DataError naming the file and line
-            try:
-                per_task.setdefault((row["variant"], int(row["seed"]), row["bench"]), {})[row["task"]] = row
-            except (ValueError, KeyError, TypeError) as e:
-                raise MempoError(f"{side}: row {n}: {type(e).__name__}: {e}") from e
-        missing = [f"{v} seed {s} {bench}" for v in (a, b) for s in common for bench in BENCHES
-                   if (v, s, bench) not in per_task]
-        if missing:
-            raise MempoError(f"{side}: no per-task rows for {', '.join(missing[:4])}")
-    return {"path": path, "config": study["config"], "seeds": common, "per_seed": per_seed, "per_task": per_task,
-            "slopes": {v: reward_slopes(study, v) for v in (a, b)}}
-
-
-def reward_slopes(study: dict[str, Any], v: str) -> dict[int, dict[str, float | None]] | None:
-    """Per seed, the slopes of variant v's training reward (`curve_slopes`): the study's own
-    `reward_trend`, or, for a study from before it that ran v on one seed, its curve (the mean
-    over one seed is that seed's curve). None where neither is there."""
-    trend = (study.get("reward_trend") or {}).get(v)
-    if trend:
-        return {int(s): d for s, d in trend["per_seed"].items()}
-    seeds, curve = study["config"]["seeds"].get(v, []), (study.get("curves") or {}).get(v)
-    if len(seeds) == 1 and curve:
-        return {seeds[0]: curve_slopes([row.get("reward_mean") for row in curve])}
-    return None
+from mempo.evaluation.studies import BENCHES, METRICS, SAME, load_study  # noqa: E402
+from mempo.io import write_json  # noqa: E402
 
 
 def check_poolable(studies: list[dict[str, Any]]) -> None:
@@ -159,35 +109,13 @@ def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000) -> d
 def plot(out: dict[str, Any], path: Path) -> Path:
     """The pooled differences as a forest plot: one row per set and metric, the pooled mean
     with its 95% interval, each study's own mean as a small mark beside it."""
-    import matplotlib
+    from mempo.training.plots import plot_forest
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from mempo.io import atomic_path
-
-    keys = [k for k, d in out["pooled"].items() if d is not None]
-    fig, ax = plt.subplots(figsize=(8.5, 0.45 * len(keys) + 1.4), dpi=100)
-    for row, key in enumerate(reversed(keys)):
-        d = out["pooled"][key]
-        ax.errorbar([d["mean"]], [row], xerr=[[d["mean"] - d["ci95_low"]], [d["ci95_high"] - d["mean"]]],
-                    fmt="o", color="black", capsize=3)
-        for i, (name, st) in enumerate(out["studies"].items()):
-            if st.get(key) is not None:
-                ax.plot([st[key]], [row + 0.22], marker="|", markersize=8, linestyle="none", color=f"C{i}",
-                        label=None if row else Path(name).stem)
-    ax.axvline(0.0, color="grey", linewidth=0.8)
-    ax.set_yticks(range(len(keys)), list(reversed(keys)))
+    rows = [(key, d, {Path(name).stem: st[key] for name, st in out["studies"].items() if st.get(key) is not None})
+            for key, d in out["pooled"].items() if d is not None]
     a, b = out["pair"]
-    ax.set_xlabel(f"{a} - {b} (pooled over {len(out['seeds'])} seeds, 95% interval)")
-    ax.grid(axis="x", alpha=0.3)
-    if len(out["studies"]) > 1:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="study means", title_fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return path
+    return plot_forest(rows, f"{a} - {b} (pooled over {len(out['seeds'])} seeds, 95% interval)", path,
+                       legend_title="study means")
 
 
 def main(argv: list[str] | None = None) -> int:

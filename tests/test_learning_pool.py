@@ -7,13 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from benchmark_helpers import load_benchmark
+from benchmark_helpers import load_benchmark, study_job, write_study
 
 from mempo.errors import MempoError
 from mempo.evaluation.stats import paired_bootstrap
-from mempo.io import write_json, write_jsonl
+from mempo.io import write_json
 
-SETS = ("single", "k2", "k4")
 
 
 @pytest.fixture(scope="module")
@@ -26,29 +25,10 @@ def lp():
     return load_benchmark("learning_pool")
 
 
-def _job(vals: list[float], curve: list[float] | None = None) -> dict:
-    ev = {b: {"aggregate": {"n": len(vals), "em": sum(vals) / len(vals), "objective_em": sum(vals) / len(vals),
-                            "forgetting_rate": 0.5 if b != "single" else None},
-              "per_task": {f"t{i}": {"em": v, "objective_em": v, "forgetting_rate": None if b == "single" else 0.5}
-                           for i, v in enumerate(vals)}} for b in SETS}
-    rewards = curve or [0.5]
-    return {"eval": ev, "mean_time_step": 1.0, "mem_scoring_share": 0.0,
-            "curve": [{"step": i + 1, "reward_mean": r} for i, r in enumerate(rewards)]}
-
-
 def _study(learning, path: Path, seeds: list[int], gain: dict[int, list[float]], rl_steps: int = 1) -> Path:
-    """A study on `seeds` (grpo and mempo_half) written as learning.py writes it: mempo_half's
-    per-task values on seed s are `gain[s]`, grpo's are all 0."""
-    a = learning._args(["--seeds", *map(str, seeds), "--variants", "grpo", "mempo_half", "--rl-steps", str(rl_steps),
-                        "--bootstrap", "50", "--workdir", str(path.parent)])
+    """A study on `seeds`: mempo_half's per-task values on seed s are `gain[s]`, grpo's are all 0."""
     n = len(next(iter(gain.values())))
-    results = {k: _job([0.0] * n) for k in ("untrained", "sft-memory", "sft-full")}
-    for s in seeds:
-        results[f"rl-grpo-seed{s}"] = _job([0.0] * n)
-        results[f"rl-mempo_half-seed{s}"] = _job(gain[s])
-    write_jsonl(learning.per_task_path(path), learning.per_task_rows(a, results))
-    write_json(path, learning.summarise(a, results))
-    return path
+    return write_study(learning, path, seeds, {"grpo": {s: [0.0] * n for s in seeds}, "mempo_half": gain}, rl_steps)
 
 
 def test_two_studies_pool_with_the_two_level_bootstrap_over_all_seeds(learning, lp, tmp_path):
@@ -134,10 +114,10 @@ def test_reward_slopes_pool_over_every_studys_seeds_and_read_old_one_seed_studie
     rising = [0.01 * i for i in range(8)]  # 1.0 per 100 steps in both halves
     a = learning._args(["--seeds", "1", "2", "--variants", "grpo", "mempo_half", "--rl-steps", "8",
                         "--bootstrap", "50", "--workdir", str(tmp_path)])
-    results = {k: _job([0.0, 0.0]) for k in ("untrained", "sft-memory", "sft-full")}
+    results = {k: study_job([0.0, 0.0]) for k in ("untrained", "sft-memory", "sft-full")}
     for s in (1, 2):
-        results[f"rl-grpo-seed{s}"] = _job([0.0, 0.0], rising)
-        results[f"rl-mempo_half-seed{s}"] = _job(gain[s], [0.3] * 8)  # flat from the start
+        results[f"rl-grpo-seed{s}"] = study_job([0.0, 0.0], rising)
+        results[f"rl-mempo_half-seed{s}"] = study_job(gain[s], [0.3] * 8)  # flat from the start
     new = tmp_path / "new" / "seeds1_2.json"
     write_json(new, learning.summarise(a, results))
     trend = learning.summarise(a, results)["reward_trend"]

@@ -55,3 +55,37 @@ def plot_curves(
         fig.savefig(tmp, format="png")
     plt.close(fig)
     return out
+
+
+def plot_forest(rows: Sequence[tuple[str, dict[str, float], dict[str, float]]], xlabel: str, out: str | Path,
+                legend_title: str = "") -> Path:
+    """A forest plot: per row (label, interval, marks), the interval's mean with its 95% range
+    (`mempo.evaluation.stats` result: mean, ci95_low, ci95_high), and each mark (name -> value,
+    e.g. one study's own mean) as a small coloured tick beside it. The first row is on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8.5, 0.45 * len(rows) + 1.4), dpi=100)
+    colours: dict[str, str] = {}
+    for y, (_, d, marks) in zip(range(len(rows) - 1, -1, -1), rows, strict=True):
+        ax.errorbar([d["mean"]], [y], xerr=[[d["mean"] - d["ci95_low"]], [d["ci95_high"] - d["mean"]]],
+                    fmt="o", color="black", capsize=3)
+        for name, value in marks.items():
+            new = name not in colours
+            colours.setdefault(name, f"C{len(colours)}")
+            ax.plot([value], [y + 0.22], marker="|", markersize=8, linestyle="none", color=colours[name],
+                    label=name if new else None)
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [label for label, _, _ in reversed(rows)])
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+    if len(colours) > 1:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=legend_title, title_fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return out
