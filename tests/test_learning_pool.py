@@ -14,7 +14,6 @@ from mempo.evaluation.stats import paired_bootstrap
 from mempo.io import write_json
 
 
-
 @pytest.fixture(scope="module")
 def learning():
     return load_benchmark("learning")
