@@ -23,6 +23,18 @@ def moving_mean(ys: Sequence[float], window: int) -> list[float]:
     return out
 
 
+def _save(fig: Any, out: str | Path) -> Path:
+    """Lay out, write as PNG atomically, close."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    out = Path(out)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return out
+
+
 def plot_curves(
     history: Sequence[dict[str, Any]], keys: Sequence[str], out: str | Path, title: str = "",
     x: str = "step", smooth: int = 0,
@@ -49,12 +61,7 @@ def plot_curves(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    out = Path(out)
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def plot_forest(rows: Sequence[tuple[str, dict[str, float], dict[str, float]]], xlabel: str, out: str | Path,
@@ -83,9 +90,4 @@ def plot_forest(rows: Sequence[tuple[str, dict[str, float], dict[str, float]]], 
     ax.grid(axis="x", alpha=0.3)
     if len(colours) > 1:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=legend_title, title_fontsize=8)
-    fig.tight_layout()
-    out = Path(out)
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return out
+    return _save(fig, out)
