@@ -79,6 +79,10 @@ def test_pooled_slopes_say_rising_flat_or_undecided_from_the_late_interval():
     # both seeds rose, then settled within 0.01 per 100 steps of level
     settled = {s: [0.01 * i for i in range(10)] + [0.1 + 0.0001 * (-1) ** s * i for i in range(10)] for s in range(2)}
     assert slopes_over_seeds(settled, 200)["verdict"] == "flat"
+    # still rising, surely, but by less than the tolerance (0.005-0.01 per 100 steps): flat, not rising
+    slow = {s: [0.01 * i for i in range(10)] + [0.1 + 0.00005 * (s + 1) * i for i in range(10)] for s in range(2)}
+    out = slopes_over_seeds(slow, 200)
+    assert out["late"]["ci95_low"] > 0 and out["late"]["ci95_high"] < 0.02 and out["verdict"] == "flat"
     assert slopes_over_seeds({0: [0.1]}, 50)["verdict"] is None
     one = slopes_over_seeds({0: [0.01 * i for i in range(20)]}, 50)  # rising, but one seed has no interval
     assert one["late"]["mean"] == pytest.approx(1.0) and one["verdict"] == "undecided"

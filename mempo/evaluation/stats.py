@@ -110,8 +110,8 @@ def slopes_over_seeds(curves: Mapping[int, Sequence[float | None]], n_boot: int 
 def pool_slopes(per_seed: Iterable[Mapping[str, float | None]], n_boot: int = 2000,
                 tolerance: float = FLAT_TOLERANCE) -> dict[str, object]:
     """Each half's slope (from `curve_slopes`) as a mean over seeds with a 95% seed bootstrap
-    interval, and what the late one says: `rising` / `falling` (its interval above / below 0),
-    `flat` (its interval within +-tolerance per 100 steps), `undecided` (neither, or one seed
+    interval, and what the late one says: `flat` (its interval within +-tolerance per 100 steps,
+    even where it excludes 0), else `rising` / `falling` (its interval above / below 0), `undecided` (neither, or one seed
     only: too few seeds or too noisy a curve to tell), None (no slope). Keys: early, late, verdict."""
     rows = list(per_seed)
     out: dict[str, object] = {}
@@ -124,8 +124,10 @@ def pool_slopes(per_seed: Iterable[Mapping[str, float | None]], n_boot: int = 20
         out["verdict"] = "undecided"  # one seed's slope has no interval over seeds
     else:
         lo, hi = late["ci95_low"], late["ci95_high"]  # type: ignore[index]
-        out["verdict"] = ("rising" if lo > 0 else "falling" if hi < 0
-                          else "flat" if -tolerance <= lo and hi <= tolerance else "undecided")
+        # flat first: a slope that is surely above 0 but surely below the tolerance is too small
+        # to be worth more steps (an equivalence test); rising / falling only beyond it
+        out["verdict"] = ("flat" if -tolerance <= lo and hi <= tolerance else "rising" if lo > 0
+                          else "falling" if hi < 0 else "undecided")
     return out
 
 
