@@ -13,7 +13,7 @@ sees the same task order: with a constant RL learning rate the longer run passes
 shorter run's end point) and by test task, with the two-level bootstrap of
 `mempo.evaluation.stats.paired_bootstrap` (seeds only where a study has no per-task file).
 With two variants A and B, also the gap A - B at each budget and how it changes
-(`gap_change`: per task, (A - B) long - (A - B) short): does the memory advantage's lead grow,
+(`gap.change`: per task, (A - B) long - (A - B) short): does the memory advantage's lead grow,
 hold or fade with more training? Only the seeds both studies ran are compared; studies that
 differ in anything but the RL steps are refused with the file and field named. `--out`
 writes the JSON and beside it a forest plot.

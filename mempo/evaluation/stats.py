@@ -111,8 +111,9 @@ def pool_slopes(per_seed: Iterable[Mapping[str, float | None]], n_boot: int = 20
                 tolerance: float = FLAT_TOLERANCE) -> dict[str, object]:
     """Each half's slope (from `curve_slopes`) as a mean over seeds with a 95% seed bootstrap
     interval, and what the late one says: `flat` (its interval within +-tolerance per 100 steps,
-    even where it excludes 0), else `rising` / `falling` (its interval above / below 0), `undecided` (neither, or one seed
-    only: too few seeds or too noisy a curve to tell), None (no slope). Keys: early, late, verdict."""
+    even where it excludes 0), else `rising` / `falling` (its interval above / below 0),
+    `undecided` (neither, or one seed only: too few seeds or too noisy a curve to tell), None
+    (no slope). Keys: early, late, verdict."""
     rows = list(per_seed)
     out: dict[str, object] = {}
     for half in ("early", "late"):
