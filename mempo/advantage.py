@@ -116,6 +116,7 @@ def answer_probability(
     answers: Sequence[str],
     batch_size: int = 16,
     padding_side: Literal["left", "right"] = "right",
+    packed: bool = False,
 ) -> AnswerProbability:
     """Teacher-forced probability of each answer after its prompt, batched.
 
@@ -133,10 +134,13 @@ def answer_probability(
         answers: N answer strings, scored as given (e.g. `answer_continuation(a)`).
         batch_size: rows per forward pass.
         padding_side: "right" (default, cheaper: no mask) or "left".
+        packed: probes that share leading tokens (the turns of one episode's full history)
+            share a row (`mempo.training.packing`): each prefix runs once. The same numbers
+            up to float rounding; `padding_side` is then unused.
     Returns:
         `AnswerProbability` with tensors of shape [N] on the CPU.
     """
-    from mempo.training.forward import logits_at
+    from mempo.training.forward import has_plain_head, logits_at
 
     if len(prompts) != len(answers):
         raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
@@ -151,6 +155,8 @@ def answer_probability(
         if not a or not p:
             raise ValueError(f"{'answer' if not a else 'prompt'} {i} tokenises to nothing: "
                              f"{(answers if not a else prompts)[i]!r}")
+    if packed and has_plain_head(model):
+        return _packed_answer_probability(model, all_p, all_a, batch_size, device, pad_id)
     # Batches of similar length (less padding: full-history probes range from tens to thousands
     # of tokens); results go back to the callers' order below.
     order = sorted(range(len(prompts)), key=lambda i: len(all_p[i]) + len(all_a[i]))
@@ -185,6 +191,67 @@ def answer_probability(
     back = sorted(range(len(order)), key=lambda j: order[j])  # position in `order` of each input
     return AnswerProbability(torch.stack([probs[j] for j in back]), torch.stack([means[j] for j in back]),
                              torch.stack([counts[j] for j in back]).long())
+
+
+def _packed_answer_probability(model: Any, prompts: list[list[int]], answers: list[list[int]], batch_size: int,
+                               device: Any, pad_id: int) -> AnswerProbability:
+    """`answer_probability` over prefix-tree packs (`mempo.training.packing`): up to
+    `batch_size` trunks per forward pass (right-padded, no mask), then their branches, up to
+    `batch_size` per pass, each on a copy of its trunk's cache cut to what it shares, under a
+    mask that hides the rest of the trunk. Needs `has_plain_head(model)`."""
+    from transformers import DynamicCache
+
+    from mempo.training.packing import pack_sequences
+
+    seqs = [p + a for p, a in zip(prompts, answers, strict=True)]
+    packs = sorted(pack_sequences(seqs, [len(p) - 1 for p in prompts]), key=lambda pk: len(seqs[pk.trunk]))
+    means = torch.zeros(len(seqs), dtype=torch.float32)
+
+    def score(hidden: torch.Tensor, picks: list[tuple[int, int, int]]) -> None:
+        """picks: (seq, row, column of the logits predicting its first answer token)."""
+        rows = torch.tensor([r for i, r, _ in picks for _ in answers[i]], device=hidden.device)
+        cols = torch.tensor([c + j for i, _, c in picks for j in range(len(answers[i]))], device=hidden.device)
+        logits = model.lm_head(hidden[rows, cols]).float()
+        targets = torch.tensor([t for i, _, _ in picks for t in answers[i]], device=logits.device)
+        logp = logits.log_softmax(-1).gather(-1, targets[:, None])[:, 0].cpu()
+        for (i, _, _), lp in zip(picks, logp.split([len(answers[i]) for i, _, _ in picks]), strict=True):
+            means[i] = lp.mean()
+
+    for start in range(0, len(packs), batch_size):
+        group = packs[start:start + batch_size]
+        width = len(seqs[group[-1].trunk])
+        ids = torch.full((len(group), width), pad_id, dtype=torch.long)
+        for r, pk in enumerate(group):
+            ids[r, :len(seqs[pk.trunk])] = torch.tensor(seqs[pk.trunk])
+        with torch.no_grad():
+            out = model.model(input_ids=ids.to(device), use_cache=True, past_key_values=DynamicCache(config=model.config))
+            score(out.last_hidden_state, [(pk.trunk, r, len(prompts[pk.trunk]) - 1) for r, pk in enumerate(group)])
+            cache = out.past_key_values
+            branches = [(r, b) for r, pk in enumerate(group) for b in pk.branches]
+            for b0 in range(0, len(branches), batch_size):
+                chunk = branches[b0:b0 + batch_size]
+                tails = [seqs[b.seq][b.shared:] for _, b in chunk]
+                m = max(len(t) for t in tails)
+                keep = torch.tensor([r for r, _ in chunk], device=device)
+                bcache = DynamicCache(config=model.config)
+                for layer, lay in enumerate(cache.layers):
+                    bcache.update(lay.keys.index_select(0, keep), lay.values.index_select(0, keep), layer)
+                b_ids = torch.full((len(chunk), m), pad_id, dtype=torch.long)
+                pos = torch.zeros((len(chunk), m), dtype=torch.long)
+                allowed = torch.zeros((len(chunk), 1, m, width + m), dtype=torch.bool)
+                own = torch.ones((m, m), dtype=torch.bool).tril()
+                for j, ((_, b), tail) in enumerate(zip(chunk, tails, strict=True)):
+                    b_ids[j, :len(tail)] = torch.tensor(tail)
+                    pos[j] = torch.arange(b.shared, b.shared + m)
+                    allowed[j, 0, :, :b.shared] = True
+                    allowed[j, 0, :, width:] = own
+                mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill_(
+                    ~allowed, torch.finfo(torch.float32).min)
+                tail_out = model.model(input_ids=b_ids.to(device), attention_mask=mask.to(device),
+                                       position_ids=pos.to(device), past_key_values=bcache, use_cache=True)
+                score(tail_out.last_hidden_state,
+                      [(b.seq, j, len(prompts[b.seq]) - 1 - b.shared) for j, (_, b) in enumerate(chunk)])
+    return AnswerProbability(means.exp(), means, torch.tensor([len(a) for a in answers], dtype=torch.long))
 
 
 @dataclass(frozen=True)
@@ -261,13 +328,16 @@ def memory_reward(
     eps: EpsMode = "previous",
     form: RewardForm = "prob",
     batch_size: int = 16,
+    packed: bool = True,
 ) -> torch.Tensor:
     """R^M for each turn record: P(a* | q, mem_{i,t}) - eps_{i,t} (see module docstring).
 
     P comes from `answer_probability` on a prompt of only the question and that memory
     (`mempo.agent.format.answer_probe_messages`), rendered with the tokenizer's chat
     template. form="prob" uses the geometric-mean probability, form="logprob" the mean
-    log-probability (then R^M is a difference of mean log-probs).
+    log-probability (then R^M is a difference of mean log-probs). `packed`: probes that
+    share leading tokens (one episode's full histories; one question's memories) run them
+    once (`answer_probability(packed=True)`; the same scores up to float rounding).
 
     Returns:
         float tensor [len(turns)].
@@ -288,14 +358,15 @@ def memory_reward(
     def pick(ap: AnswerProbability) -> torch.Tensor:
         return ap.prob if form == "prob" else ap.mean_logprob
 
-    mem_scores = pick(answer_probability(model, tokenizer, prompts, answers, batch_size=batch_size))
+    mem_scores = pick(answer_probability(model, tokenizer, prompts, answers, batch_size=batch_size, packed=packed))
     full_scores = None
     if eps == "full_context":
         missing = [k for k, t in enumerate(turns) if t.full_context_prompt is None]
         if missing:
             raise ValueError(f"eps='full_context' needs full_context_prompt (missing for turn record {missing[0]})")
         full_scores = pick(answer_probability(
-            model, tokenizer, [t.full_context_prompt or "" for t in turns], answers, batch_size=batch_size))
+            model, tokenizer, [t.full_context_prompt or "" for t in turns], answers, batch_size=batch_size,
+            packed=packed))
     return memory_reward_from_scores(
         mem_scores, [t.rollout_id for t in turns], [t.turn_index for t in turns], eps, full_scores)
 

@@ -242,6 +242,39 @@ def test_answer_probability_matches_unbatched_reference(tiny_lm, side):
     assert ((got.prob > 0) & (got.prob < 1)).all()
 
 
+def test_packed_answer_probability_matches_unbatched_reference(tiny_lm):
+    """Probes that extend each other (one episode's full histories), share only a question, or
+    nothing: packed (`mempo.training.packing`) they run each shared prefix once and score what
+    their own rows score."""
+    from mempo.training.packing import pack_sequences
+
+    model, tok = tiny_lm
+    history = "Question: who is the mayor of Gristead? " + " ".join(
+        f"<search> Gristead mayor {i} </search> <information> Doc {i} Gristead is a town; its mayor is someone. "
+        "</information>" for i in range(4))
+    cuts = [history.index("<search>", 60 * i) for i in range(1, 5)]
+    prompts = [history[:c] + "<answer>" for c in cuts] + [history + "<answer>"]
+    prompts += ["Question: who is the mayor of Gristead? <mem> nothing yet </mem> <answer>",
+                "Question: who is the mayor of Gristead? <mem> the mayor is Shainbrae </mem> <answer>",
+                "x", "Q: founded?"]
+    answers = [" Shainbrae Tivgroux"] * 5 + [" Shainbrae Tivgroux", " Shainbrae", " France", " 1058"]
+    seqs = [tok.encode(p, add_special_tokens=False) + tok.encode(a, add_special_tokens=False)
+            for p, a in zip(prompts, answers, strict=True)]
+    firsts = [len(tok.encode(p, add_special_tokens=False)) - 1 for p in prompts]
+    packs = pack_sequences(seqs, firsts)
+    assert sorted([pk.trunk for pk in packs] + [b.seq for pk in packs for b in pk.branches]) == list(range(len(seqs)))
+    assert len(packs) < len(seqs) - 3  # the four shorter histories ride on the longest one
+    for pk in packs:
+        for b in pk.branches:
+            assert b.shared <= firsts[b.seq] and seqs[b.seq][:b.shared] == seqs[pk.trunk][:b.shared]
+    got = answer_probability(model, tok, prompts, answers, batch_size=2, packed=True)
+    for i, (p, a) in enumerate(zip(prompts, answers, strict=True)):
+        prob, mean = _reference(model, tok, p, a)
+        assert got.mean_logprob[i].item() == pytest.approx(mean, abs=1e-5)
+        assert got.prob[i].item() == pytest.approx(prob, abs=1e-5)
+        assert got.n_tokens[i].item() == len(tok.encode(a, add_special_tokens=False))
+
+
 def test_memory_reward_uses_question_and_memory_only(tiny_lm):
     from mempo.agent.format import (
         ANSWER_PROBE_PREFIX,

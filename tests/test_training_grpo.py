@@ -101,13 +101,14 @@ def test_full_history_turns_merge_into_one_sample_with_the_same_loss_per_respons
 def test_sft_loss_without_the_mask_and_with_the_head_on_loss_positions_equals_the_models_own(
     setup: dict[str, Path]
 ) -> None:
-    """token_loss drops a right-padded batch's attention mask and runs the LM head only where a
-    next token has a weight; loss, weight sum and gradients equal the model's own forward (the
-    mask, logits everywhere): memory turns of different lengths (padding), merged
-    full-history episodes with several loss spans, prompt weights."""
+    """token_loss drops a right-padded batch's attention mask, runs the samples' shared leading
+    tokens once and the LM head only where a next token has a weight; loss, weight sum and
+    gradients equal the model's own forward (the mask, logits everywhere): memory turns of
+    different lengths (padding), merged full-history episodes with several loss spans, prompt
+    weights, the turns of one episode (their shared question runs once)."""
     import torch
 
-    from mempo.training.forward import has_plain_head
+    from mempo.training.forward import has_plain_head, shared_prefix_length
     from mempo.training.runtime import load_policy
     from mempo.training.sft import collate, merge_prefix_turns, token_loss, tokenize_samples
     from mempo.training.sft_data import load_sft_samples
@@ -115,10 +116,19 @@ def test_sft_loss_without_the_mask_and_with_the_head_on_loss_positions_equals_th
     model, tok = load_policy(setup["sft"] / "model", "cpu", "float32")
     assert has_plain_head(model) and not has_plain_head(torch.nn.Linear(2, 2))
     episodes = setup["sft"] / "trajectories" / "train_episodes.jsonl"
-    memory = tokenize_samples(load_sft_samples(episodes, "memory")[:6], tok)
+    turns = load_sft_samples(episodes, "memory")
+    memory = tokenize_samples(turns[:6], tok)
     full = merge_prefix_turns(tokenize_samples(load_sft_samples(episodes, "full")[:12], tok, prompt_lm=True))
     assert len({len(s.input_ids) for s in memory}) > 1 and max(len(s.loss_spans()) for s in full) > 1
-    for batch in (collate(memory, tok.pad_token_id), collate(full[:3], tok.pad_token_id, prompt_weight=0.3)):
+    # the turns of one episode share their question: it runs once (`_shared_prefix_loss`)
+    question = max({t.messages[-1]["content"].split("\n")[0] for t in turns},
+                   key=lambda q: sum(t.messages[-1]["content"].startswith(q) for t in turns))
+    same = tokenize_samples([t for t in turns if t.messages[-1]["content"].startswith(question)], tok, prompt_lm=True)
+    batches = (collate(memory, tok.pad_token_id), collate(full[:3], tok.pad_token_id, prompt_weight=0.3),
+               collate(same, tok.pad_token_id, prompt_weight=0.5))
+    assert len(same) > 1
+    assert [shared_prefix_length(b["input_ids"], b["attention_mask"]) > 0 for b in batches] == [False, False, True]
+    for batch in batches:
         grads = []
         for every in (False, True):
             model.zero_grad(set_to_none=True)

@@ -24,11 +24,19 @@ def _naive_logprobs(model, prompt: list[int], response: list[int], temperature: 
     return torch.stack([logsm[len(prompt) + j - 1, t] for j, t in enumerate(response)])
 
 
-def test_batched_logprobs_match_one_sequence_at_a_time(small_lm) -> None:
+SHARED = [(7 * i) % 47 + 2 for i in range(20)]  # 20 leading ids of every prompt: a system prompt
+
+
+@pytest.mark.parametrize("lead", [[], SHARED], ids=["nothing-shared", "shared-prefix"])
+def test_batched_logprobs_match_one_sequence_at_a_time(small_lm, lead) -> None:
+    """With and without 20 leading ids every row shares (then they run once:
+    `mempo.training.forward.prefix_hidden`)."""
+    from mempo.training.forward import shared_prefix_length
     from mempo.training.losses import pack_turns, response_logprobs
 
-    prompts = [[1, 2, 3, 4, 5, 6], [7, 8], [9, 10, 11]]
+    prompts = [lead + [1, 2, 3, 4, 5, 6], lead + [7, 8], lead + [9, 10, 11]]
     responses = [[12, 13], [14, 15, 16, 17, 18], [19]]
+    assert shared_prefix_length(*_ids_and_mask(prompts, responses)) == len(lead)
     batch = pack_turns(prompts, responses, pad_id=0)
     with torch.no_grad():
         logp, ent = response_logprobs(small_lm, batch, temperature=0.7, with_entropy=True)
@@ -52,6 +60,13 @@ def test_batched_logprobs_match_one_sequence_at_a_time(small_lm) -> None:
         total.backward()
         grads.append([q.grad.clone() for q in small_lm.parameters()])
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(*grads, strict=True))
+
+
+def _ids_and_mask(prompts, responses):
+    from mempo.training.losses import pack_turns
+
+    batch = pack_turns(prompts, responses, pad_id=0)
+    return batch.input_ids, batch.attention_mask
 
 
 def test_low_var_kl_is_zero_on_equal_policies_and_positive_otherwise() -> None:

@@ -163,7 +163,9 @@ def token_loss(model: Any, batch: dict[str, Any], device: Any, reference: bool =
 
     Logits come only from the positions whose next token has a weight, and a right-padded
     batch (as `collate` pads) runs without its mask (`mempo.training.forward.logits_at`):
-    the padding and retrieved passages that make up most of an SFT batch get no LM head.
+    the padding and retrieved passages that make up most of an SFT batch get no LM head. The
+    leading tokens every sample shares (chat template, system prompt) run once, LM head
+    included (`_shared_prefix_loss`).
     `reference` is the model's own forward instead: the mask, logits at every position (what
     the tests compare with).
 
@@ -171,7 +173,7 @@ def token_loss(model: Any, batch: dict[str, Any], device: Any, reference: bool =
     """
     import torch.nn.functional as F
 
-    from mempo.training.forward import logits_at
+    from mempo.training.forward import has_plain_head, logits_at, right_padded, shared_prefix_length
 
     ids = batch["input_ids"].to(device)
     att = batch["attention_mask"].to(device)
@@ -183,10 +185,40 @@ def token_loss(model: Any, batch: dict[str, Any], device: Any, reference: bool =
         logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
         ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
         return (ce * weights.reshape(-1)).sum(), float(weights.sum())
+    shared = shared_prefix_length(ids, att) if has_plain_head(model) and right_padded(att) else 0
+    if shared:
+        return _shared_prefix_loss(model, ids, weights, shared), float(weights.sum())
     sel = weights != 0
     logits = logits_at(model, ids, att, F.pad(sel, (0, 1))).float()  # [positions with a weight, vocabulary]
     ce = F.cross_entropy(logits, targets[sel], reduction="none")
     return (ce * weights[sel]).sum(), float(weights.sum())
+
+
+def _shared_prefix_loss(model: Any, ids: Any, weights: Any, n_prefix: int) -> Any:
+    """`token_loss`'s weighted sum for a right-padded batch whose first `n_prefix` ids every
+    row shares (the chat template and system prompt): the prefix runs once
+    (`mempo.training.forward.prefix_hidden`), and so does the LM head at its positions, whose
+    predictions of the prefix's own next tokens are the same in every row: one cross-entropy
+    there, weighted by the rows' weights summed. The prediction at the prefix's last position
+    (of each row's first own token) and everything after it are per row.
+    ids: [B, T]; weights: [B, T - 1] (weights[:, t]: the token at t + 1)."""
+    import torch
+    import torch.nn.functional as F
+
+    from mempo.training.forward import prefix_hidden
+
+    rows = ids.shape[0]
+    head, tail = prefix_hidden(model, ids, n_prefix)  # [P, H], [B, T - P, H]
+    w_head = weights[:, :n_prefix - 1].sum(0)  # [P - 1]: predictions of ids 1..P-1, equal in every row
+    sel_head = w_head != 0
+    ce_head = F.cross_entropy(model.lm_head(head[:-1][sel_head]).float(), ids[0, 1:n_prefix][sel_head],
+                              reduction="none")
+    # Positions P-1 .. T-2, predicting ids P .. T-1: the prefix's last hidden state, then the row's own.
+    hidden = torch.cat([head[-1:][None].expand(rows, -1, -1), tail[:, :-1]], 1)  # [B, T - P, H]
+    w_tail = weights[:, n_prefix - 1:]
+    sel_tail = w_tail != 0
+    ce_tail = F.cross_entropy(model.lm_head(hidden[sel_tail]).float(), ids[:, n_prefix:][sel_tail], reduction="none")
+    return (ce_head * w_head[sel_head]).sum() + (ce_tail * w_tail[sel_tail]).sum()
 
 
 def length_bucketed_batches(
