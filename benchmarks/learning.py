@@ -223,7 +223,7 @@ def evaluate_model(model_dir: Path, agent: str, tasks: dict[str, list[Any]], cor
     p = _params({"eval.memory_probe": False, "eval.rollout.max_concurrent_episodes": 64, "eval.device": device})
     settings = EvalSettings.from_params(p.eval)
     engine = load_engine(model_dir, model_dir, device=device, retriever=str(corpus), concurrency=64,
-                         load_model_for_probe=False)
+                         load_model_for_probe=False, prefix_cache_mb=p.eval.rollout_params().prefix_cache_mb)
     try:
         rows = evaluate_items(tasks, [agent], engine, settings)
     finally:

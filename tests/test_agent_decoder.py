@@ -197,6 +197,52 @@ def test_decoder_sees_weight_updates_between_calls(tiny, tiny_world):
     assert [g.token_ids for g in after] != [g.token_ids for g in before]
 
 
+def test_prefix_cache_prefills_only_new_tokens_and_decodes_like_generate(tiny, tiny_world):
+    """Three turns of a full-history agent: each prompt is the last prompt, its output and an
+    observation. With the prefix cache the decoder prefills only the new tokens (the rest
+    comes from the rows it finished last turn) and stays greedy-identical to `generate()`;
+    a prompt that agrees with a stored row only partly reuses that part; an in-place weight
+    update empties the cache; the byte budget evicts the oldest rows."""
+    from mempo.agent.prefix_cache import MIN_REUSE_TOKENS, PrefixCache
+
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    prompts = [p for p in _prompts(tok, tiny_world) if len(p) > MIN_REUSE_TOKENS][:5]
+    observation = tok.encode("<information> Doc 1 more text here </information>", add_special_tokens=False)
+    sampling = SamplingParams(16, temperature=0.0, stop=())
+    cached = FastGenerator(model, tok, batch_size=3, prefix_cache_mb=64)
+    dec = cached.decoder
+    for turn in range(3):
+        ref = HFGenerator(model, tok, batch_size=16).generate(prompts, sampling)
+        before = dict(dec.stats)
+        got = cached.generate(prompts, sampling)
+        _assert_same(ref, got)
+        prefilled = dec.stats["prefill_tokens"] - before["prefill_tokens"]
+        if turn == 0:
+            assert prefilled == sum(map(len, prompts))
+        else:  # all but the newest output token and the observation came from the cache
+            assert prefilled == len(prompts) * (1 + len(observation))
+        prompts = [p + g.token_ids + observation for p, g in zip(prompts, got, strict=True)]
+    assert dec.prefix_cache.stats["hits"] == 2 * len(prompts)
+    # a prompt that agrees with a stored row for its first 70 tokens reuses those 70
+    stored = next(iter(dec.prefix_cache.entries.values())).ids.tolist()
+    hit = dec.prefix_cache.take(stored[:70] + [t + 1 for t in stored[70:90]])
+    assert hit is not None and hit[0] == 70 and hit[1][0].shape[1] == 70
+    assert dec.prefix_cache.take(stored[:70]) is None  # taken: it left the cache
+    # weights changed in place (an optimiser step): nothing stale is reused
+    with torch.no_grad():
+        next(model.parameters()).add_(0.01)
+    ref = HFGenerator(model, tok, batch_size=16).generate(prompts, sampling)
+    hits = dec.prefix_cache.stats["hits"]
+    _assert_same(ref, cached.generate(prompts, sampling))
+    assert dec.prefix_cache.stats["hits"] == hits
+    # the byte budget keeps the newest rows only
+    small = PrefixCache(model, max_bytes=dec.prefix_cache.entries[next(iter(dec.prefix_cache.entries))].nbytes * 2)
+    for e in list(dec.prefix_cache.entries.values()):
+        small.put(e.ids.tolist(), e.keys, e.values)
+    assert 1 <= len(small.entries) <= 2 and small.bytes <= small.max_bytes
+
+
 def test_make_generator_and_the_decoder_setting(tiny):
     from mempo.config import load_params
 

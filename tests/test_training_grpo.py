@@ -560,3 +560,21 @@ def test_memory_credit_benchmark_classes_every_turn_record(setup: dict[str, Path
         assert classes[name]["a_m_mean_final_memory_skip"] == 0.0
     total = sum(c["a_m_mean"] * c["n"] for c in classes.values())
     assert abs(total) < 1e-3  # A^M sums to 0 within each (task, turn) set, so over all records too
+
+
+def test_memory_probe_benchmark_packs_and_agrees(setup: dict[str, Path], tmp_path: Path) -> None:
+    """benchmarks/memory_probe.py on the tiny policy: both ways score every turn record of the
+    same rollouts, and the packed rewards equal the one-row-each rewards."""
+    import json
+
+    mod = load_benchmark("memory_probe")
+    out = tmp_path / "probe.json"
+    assert mod.main(["--root", str(tmp_path), "--params", "none.yaml", "--policy", str(setup["sft"] / "model"),
+                     "--data", str(setup["data"]), "--retriever", str(setup["corpus"]), "--batches", "2",
+                     "--batch-questions", "3", "--n-rollouts", "2", "--max-turns", "3", "--max-new-tokens", "40",
+                     "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [r["episodes"] for r in res["batches"]] == [6, 6]
+    assert all(r["turn_records"] >= 6 and r["packed_s"] > 0 and r["one_row_each_s"] > 0 for r in res["batches"])
+    assert res["max_abs_reward_difference"] < 1e-4
+    assert "train_stage" not in res  # no train history under this root

@@ -17,7 +17,10 @@ until the longest one ends. This decoder keeps only what a rollout needs:
 - stop strings checked on the text of the newest token only (a whole-text decode confirms a
   hit), eos, and a max-new-tokens per sequence;
 - finished rows dropped from the batch (the cache is compacted), and waiting prompts joining
-  between decode steps when there are more prompts than `max_batch`.
+  between decode steps when there are more prompts than `max_batch`;
+- optionally, finished rows' keys and values kept for the prompts that extend them (a
+  full-history agent's next turn), which then prefill only their new tokens
+  (`prefix_cache_bytes`, `mempo.agent.prefix_cache`).
 
     dec = Decoder(model, tokenizer, max_batch=64)
     rows = dec.decode([prompt_ids, ...], max_new_tokens=128, temperature=1.0, stop=("</search>",))
@@ -172,17 +175,24 @@ class Decoder:
         join_min: waiting prompts join once this many rows are free (or the batch is empty):
             each join copies the cache, so joining one row at a time would cost more
             than it saves.
+        prefix_cache_bytes: keep finished rows' keys and values up to this many bytes, and
+            prefill a prompt that extends one only past it (`mempo.agent.prefix_cache`: a
+            full-history agent's next turn); 0 = off. `LlamaEngine` only.
     """
 
     def __init__(self, model: Any, tokenizer: Any, max_batch: int = 64, engine: str = "auto",
-                 eos_ids: set[int] | None = None, join_min: int | None = None) -> None:
+                 eos_ids: set[int] | None = None, join_min: int | None = None,
+                 prefix_cache_bytes: int = 0) -> None:
         from mempo.agent.generation import eos_token_ids
+        from mempo.agent.prefix_cache import PrefixCache
 
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max(1, int(max_batch))
         self.engine_kind = engine
-        make_engine(model, engine)  # refuse an unsupported `engine` now, not at the first call
+        probe = make_engine(model, engine)  # refuse an unsupported `engine` now, not at the first call
+        self.prefix_cache = (PrefixCache(model, prefix_cache_bytes)
+                             if prefix_cache_bytes > 0 and probe.takes_prefixes else None)
         self.eos_ids = set(eos_ids) if eos_ids is not None else eos_token_ids(model, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad if pad is not None else 0)
@@ -229,6 +239,9 @@ class Decoder:
             if budgets[i] <= 0:
                 results[i].reason = "length"
         checker = self._checker(stop)
+        cache = self.prefix_cache
+        if cache is not None:
+            cache.check_weights()
         greedy = temperature <= 0
         eos = self.eos_ids
         engine: Any = None
@@ -244,9 +257,15 @@ class Decoder:
                 width = max(len(prompts[i]) for i in take)
                 need = max(r.budget for r in new_rows + rows)
                 t0 = time.thread_time()
-                new_logits = fresh.prefill([prompts[i] for i in take], width + need, self.pad_id)
+                if cache is not None:
+                    prefixes = [cache.take(prompts[i]) for i in take]
+                    new_logits = fresh.prefill([prompts[i] for i in take], width + need, self.pad_id, prefixes)
+                else:
+                    prefixes = [None] * len(take)
+                    new_logits = fresh.prefill([prompts[i] for i in take], width + need, self.pad_id)
                 self.stats["prefill_s"] += time.thread_time() - t0
-                self.stats["prefill_tokens"] += sum(len(prompts[i]) for i in take)
+                self.stats["prefill_tokens"] += sum(len(prompts[i]) - (pf[0] if pf else 0)
+                                                    for i, pf in zip(take, prefixes, strict=True))
                 self.stats["prefill_padded"] += width * len(take)
                 if engine is None or not rows:
                     engine, rows, logits = fresh, new_rows, new_logits
@@ -278,6 +297,10 @@ class Decoder:
                 elif len(out.token_ids) >= row.budget:
                     out.reason = "length"
                     done.append(r)
+            if done and cache is not None:
+                for r in done:  # the cache holds the prompt and every token but the newest
+                    seq = list(prompts[rows[r].index]) + rows[r].out.token_ids[:-1]
+                    cache.put(seq, *engine.row_cache(r, len(seq)))
             if done:
                 if len(done) == len(rows):
                     rows = []

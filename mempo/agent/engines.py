@@ -29,6 +29,10 @@ LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 # fused for decode steps (`LlamaEngine._fuse`): the tiny policy (0.4M), not SmolLM2-135M (70M).
 FUSE_MAX_ELEMENTS = 4_000_000
 
+# A cached prompt prefix (`mempo.agent.prefix_cache`): n tokens, per layer keys and values
+# [kv_heads, n, head_dim].
+Prefix = tuple[int, list[torch.Tensor], list[torch.Tensor]]
+
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids [B, W] and attention mask [B, W] of `prompts`, right-aligned (left-padded
@@ -94,6 +98,8 @@ class LlamaEngine:
     matmuls), each prompt attends causally to itself, and the last layer runs attention
     and MLP for each prompt's last token only (its keys and values for all of them).
     """
+
+    takes_prefixes = True  # prefill(prefixes=...) and row_cache: the decoder's prefix cache
 
     def __init__(self, model: Any) -> None:
         cfg = model.config
@@ -174,8 +180,11 @@ class LlamaEngine:
         last = _rms_norm(h, self.model.model.norm.weight, self.eps)
         return F.linear(last, self.model.lm_head.weight).float()
 
-    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int, pad_id: int) -> torch.Tensor:
+    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int, pad_id: int,
+                prefixes: Sequence[Prefix | None] | None = None) -> torch.Tensor:
         """Start a batch with `prompts` (right-aligned in `capacity` cache columns).
+        `prefixes[r]`, when given, holds the keys and values of prompt r's first n tokens
+        (`mempo.agent.prefix_cache`): only the rest of that prompt runs, attending to them.
         Returns the next-token logits [B, V]."""
         device = next(self.model.parameters()).device
         dtype = self.model.model.embed_tokens.weight.dtype
@@ -183,14 +192,19 @@ class LlamaEngine:
         lengths = [len(p) for p in prompts]
         if min(lengths) < 1:
             raise ValueError("empty prompt")
-        bsz, width, total = len(prompts), max(lengths), sum(lengths)
-        ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=device)
-        pos = torch.cat([torch.arange(n) for n in lengths]).to(device)        # [T]
-        row = torch.repeat_interleave(torch.arange(bsz), torch.tensor(lengths)).to(device)
+        cached = [pf[0] if pf is not None else 0 for pf in (prefixes or [None] * len(prompts))]
+        if any(c >= n for c, n in zip(cached, lengths, strict=True)):
+            raise ValueError("a cached prefix must leave at least one prompt token to run")
+        new = [n - c for n, c in zip(lengths, cached, strict=True)]             # tokens each prompt runs
+        bsz, width, total = len(prompts), max(lengths), sum(new)
+        ids = torch.tensor([t for p, c in zip(prompts, cached, strict=True) for t in p[c:]], dtype=torch.long,
+                           device=device)
+        pos = torch.cat([torch.arange(c, n) for c, n in zip(cached, lengths, strict=True)]).to(device)   # [T]
+        row = torch.repeat_interleave(torch.arange(bsz), torch.tensor(new)).to(device)
         col = pos + torch.tensor([width - n for n in lengths], device=device)[row]
-        ends = torch.tensor(lengths).cumsum(0)
+        ends = torch.tensor(new).cumsum(0)
         last = (ends - 1).to(device)                                          # [B] last token of each
-        bounds = [(int(e) - n, int(e)) for e, n in zip(ends, lengths, strict=True)]
+        bounds = [(int(e) - m, int(e)) for e, m in zip(ends, new, strict=True)]
         self._tables(width + capacity, dtype, device)
         shape = (bsz, self.n_kv, capacity, self.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in layers]
@@ -198,6 +212,15 @@ class LlamaEngine:
         self.bias = torch.zeros((bsz, capacity), dtype=dtype, device=device)
         for r, n in enumerate(lengths):
             self.bias[r, : width - n] = -math.inf
+            if cached[r]:
+                pk, pv = prefixes[r][1], prefixes[r][2]  # type: ignore[index]
+                for i in range(len(layers)):
+                    self.k[i][r, :, width - n:width - n + cached[r]] = pk[i].to(device, dtype)
+                    self.v[i][r, :, width - n:width - n + cached[r]] = pv[i].to(device, dtype)
+        # A prompt that runs only its last m of n tokens attends to all n keys: query j sees
+        # keys up to n - m + j (causal, aligned at the bottom right).
+        masks = [None if c == 0 else torch.ones((m, c + m), dtype=torch.bool, device=device).tril(c)
+                 for c, m in zip(cached, new, strict=True)]
         h = self.model.model.embed_tokens(ids)                                # [T, D]
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]              # [T, 1, hd]
         hd, nh, nkv = self.head_dim, self.n_heads, self.n_kv
@@ -218,9 +241,9 @@ class LlamaEngine:
                 v = self.v[i]
                 att = torch.cat([
                     F.scaled_dot_product_attention(
-                        q[a:b].transpose(0, 1)[None], self.k[i][r, :, width - (b - a):width][None],
-                        v[r, :, width - (b - a):width][None], is_causal=True, scale=self.scale,
-                        enable_gqa=self.gqa)[0].transpose(0, 1)
+                        q[a:b].transpose(0, 1)[None], self.k[i][r, :, width - lengths[r]:width][None],
+                        v[r, :, width - lengths[r]:width][None], attn_mask=masks[r], is_causal=masks[r] is None,
+                        scale=self.scale, enable_gqa=self.gqa)[0].transpose(0, 1)
                     for r, (a, b) in enumerate(bounds)])                       # [T, nh, hd]
                 h = h + F.linear(att.reshape(total, nh * hd), wo, bo)
             h = self._mlp(h, ln2, wg, wu, wd)
@@ -253,6 +276,11 @@ class LlamaEngine:
         self.pos = self.pos + 1
         self.length = end
         return self._logits(h)
+
+    def row_cache(self, r: int, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of row r's keys and values of its newest n tokens, per layer [kv_heads, n, head_dim]."""
+        return ([k[r, :, self.length - n:self.length].clone() for k in self.k],
+                [v[r, :, self.length - n:self.length].clone() for v in self.v])
 
     def keep(self, rows: torch.Tensor) -> None:
         """Drop every row not in `rows` (indices, ascending) and the columns that are now
@@ -303,6 +331,8 @@ class HFEngine:
 
     Same interface as `LlamaEngine`; the attention mask is [B, length] (1 = real token).
     """
+
+    takes_prefixes = False
 
     def __init__(self, model: Any) -> None:
         self.model = model

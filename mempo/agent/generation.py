@@ -214,16 +214,20 @@ class FastGenerator:
         tokenizer: its tokenizer; a pad token is taken from eos when missing.
         batch_size: rows decoded together (more prompts join as rows finish).
         engine: "auto" | "llama" | "hf" (see `mempo.agent.engines.make_engine`).
+        prefix_cache_mb: finished rows' keys and values kept for prompts that extend them
+            (`rollout.prefix_cache_mb`, `mempo.agent.prefix_cache`); 0 = off.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 64, engine: str = "auto") -> None:
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 64, engine: str = "auto",
+                 prefix_cache_mb: int = 0) -> None:
         from mempo.agent.decoder import Decoder
 
         self.model = model
         self.tokenizer = tokenizer
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        self.decoder = Decoder(model, tokenizer, max_batch=batch_size, engine=engine)
+        self.decoder = Decoder(model, tokenizer, max_batch=batch_size, engine=engine,
+                               prefix_cache_bytes=prefix_cache_mb << 20)
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Generation]:
         import torch
@@ -243,11 +247,13 @@ class FastGenerator:
 DECODERS = ("fast", "hf")
 
 
-def make_generator(model: Any, tokenizer: Any, kind: str = "fast", batch_size: int = 64) -> Generator:
+def make_generator(model: Any, tokenizer: Any, kind: str = "fast", batch_size: int = 64,
+                   prefix_cache_mb: int = 0) -> Generator:
     """The in-process generator every caller builds (`rollout.decoder`, `--decoder`):
-    "fast" = `FastGenerator`, "hf" = `HFGenerator` (transformers `generate()`, the fallback)."""
+    "fast" = `FastGenerator` (with `prefix_cache_mb`, `rollout.prefix_cache_mb`), "hf" =
+    `HFGenerator` (transformers `generate()`, the fallback)."""
     if kind == "fast":
-        return FastGenerator(model, tokenizer, batch_size=batch_size)
+        return FastGenerator(model, tokenizer, batch_size=batch_size, prefix_cache_mb=prefix_cache_mb)
     if kind == "hf":
         return HFGenerator(model, tokenizer, batch_size=batch_size)
     raise ConfigError(f"unknown decoder '{kind}' (choose from {', '.join(DECODERS)})", field="rollout.decoder")

@@ -36,6 +36,7 @@ class RolloutParams(Section):
     repeat_temperature: float = Field(0.0, ge=0.0)
     check_masks: bool = True
     decoder: Literal["fast", "hf"] = "fast"
+    prefix_cache_mb: int = Field(256, ge=0)
 
 
 def _overrides_model(name: str, doc: str, **defaults: Any) -> type[Section]:

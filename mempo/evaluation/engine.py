@@ -72,9 +72,11 @@ def load_engine(
     concurrency: int = 16,
     load_model_for_probe: bool = True,
     decoder: str = "fast",
+    prefix_cache_mb: int = 0,
 ) -> Engine:
     """Tokenizer + generator (+ model for hf) + retriever for an evaluation. `decoder`
-    ("fast" | "hf", `rollout.decoder`) picks the in-process generator of backend hf."""
+    ("fast" | "hf", `rollout.decoder`) picks the in-process generator of backend hf, with
+    `prefix_cache_mb` (`rollout.prefix_cache_mb`) for the fast one."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,7 +87,8 @@ def load_engine(
     if backend == "hf":
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).to(device).eval()
-        generator: Any = make_generator(model, tokenizer, decoder, batch_size=concurrency)
+        generator: Any = make_generator(model, tokenizer, decoder, batch_size=concurrency,
+                                        prefix_cache_mb=prefix_cache_mb)
     elif backend == "openai":
         if not openai_url:
             raise ConfigError("backend 'openai' needs eval.openai_url", field="eval.openai_url")
@@ -107,7 +110,8 @@ def engines_for(p: Any, resolved: Mapping[str, Any], refs: Mapping[str, str], de
     retriever shared by all (opened unless every agent is `direct`, closed by `cleanup`)."""
     engines_by_ref = {ref: load_engine(
         m.path, m.tokenizer_path, backend=p.backend, device=p.device, openai_url=p.openai_url,
-        served_model=p.served_model, concurrency=p.rollout_params().max_concurrent_episodes, decoder=decoder) for ref, m in resolved.items()
+        served_model=p.served_model, concurrency=p.rollout_params().max_concurrent_episodes, decoder=decoder,
+        prefix_cache_mb=p.rollout_params().prefix_cache_mb) for ref, m in resolved.items()
         if ref in refs.values()}
     if any(a != "direct" for a in p.agents):
         from mempo.retrieval import open_retriever

@@ -45,11 +45,11 @@ def right_padded(attention_mask: Any) -> bool:
     return bool((attention_mask.cumprod(-1) == attention_mask).all())
 
 
-def logits_at(model: Any, input_ids: Any, attention_mask: Any, where: Any) -> Any:
+def logits_at(model: Any, input_ids: Any, attention_mask: Any, where: Any, share_prefix: bool = True) -> Any:
     """Logits at the positions where `where` ([B, T] bool) is True, [N, V] in row-major order,
     in the model's dtype. A right-padded batch needs no position ids (they are 0..n-1 per row);
     a left-padded one gets them from the mask. A right-padded batch's shared leading tokens
-    run once (`prefix_hidden`)."""
+    run once (`prefix_hidden`) unless `share_prefix` is False."""
     import torch
 
     if right_padded(attention_mask):
@@ -57,7 +57,8 @@ def logits_at(model: Any, input_ids: Any, attention_mask: Any, where: Any) -> An
     else:
         kwargs = {"attention_mask": attention_mask, "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0)}
     if has_plain_head(model):
-        shared = shared_prefix_length(input_ids, attention_mask) if kwargs["attention_mask"] is None else 0
+        shared = (shared_prefix_length(input_ids, attention_mask)
+                  if share_prefix and kwargs["attention_mask"] is None else 0)
         if shared:
             head, tail = prefix_hidden(model, input_ids, shared)
             rows = input_ids.shape[0]

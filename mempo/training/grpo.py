@@ -151,8 +151,8 @@ def validate(model: Any, tokenizer: Any, retriever: Any, tasks: Sequence[Any], r
     from mempo.evaluation.engine import Engine
 
     model.eval()
-    engine = Engine(make_generator(model, tokenizer, rollout.decoder, batch_size=tp.generation_batch_size),
-                    tokenizer, retriever)
+    engine = Engine(make_generator(model, tokenizer, rollout.decoder, batch_size=tp.generation_batch_size,
+                                   prefix_cache_mb=rollout.prefix_cache_mb), tokenizer, retriever)
     rows = run_multi_turn(AGENT_OF_CONTEXT[rollout.context], "val", list(tasks), engine, val_settings(rollout, tp))
     return {m: mean([float(r[m]) for r in rows]) for m in ("em", "f1", "format_valid", "turns")}
 
@@ -183,9 +183,10 @@ def load_tasks(data: str | Path, split: str, limit: int | None = None) -> list[A
     return tasks[:limit] if limit else tasks
 
 
-def episode_memory_rewards(model: Any, tokenizer: Any, episodes: Sequence[Any], mempo: Any) -> Any:
+def episode_memory_rewards(model: Any, tokenizer: Any, episodes: Sequence[Any], mempo: Any, packed: bool = True) -> Any:
     """R^M (`mempo.advantage.memory_reward`) of every turn record of memory-agent `episodes`,
-    in episode / turn order, with `mempo`'s eps, form and probe batch size: float tensor [M]."""
+    in episode / turn order, with `mempo`'s eps, form and probe batch size: float tensor [M].
+    `packed`: probes sharing leading tokens run them once (benchmarks/memory_probe.py)."""
     import torch
 
     from mempo.advantage import MemoryTurn, memory_reward
@@ -201,7 +202,7 @@ def episode_memory_rewards(model: Any, tokenizer: Any, episodes: Sequence[Any], 
     records = [MemoryTurn(ep.episode_id, t.turn_index, ep.question, t.memory, ep.golden_answers[0], fp)
                for (ep, t), fp in zip(turns, full_prompts, strict=True)]
     with torch.no_grad():
-        return memory_reward(model, tokenizer, records, mempo.eps, mempo.form, mempo.probe_batch_size)
+        return memory_reward(model, tokenizer, records, mempo.eps, mempo.form, mempo.probe_batch_size, packed)
 
 
 def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in one place on purpose
@@ -241,7 +242,8 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
 
     with open_retriever(tp.retriever) as retriever:
         setup = make_rollout_setup(retriever, tok, agent)
-        generator = make_generator(model, tok, agent.decoder, batch_size=tp.generation_batch_size)
+        generator = make_generator(model, tok, agent.decoder, batch_size=tp.generation_batch_size,
+                                   prefix_cache_mb=agent.prefix_cache_mb)
         bar = tqdm(total=tp.steps, initial=state.step, desc=f"grpo (lambda_mem={mp.lambda_mem})", unit="step")
         while state.step < tp.steps:
             t0 = time.perf_counter()

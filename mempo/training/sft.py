@@ -156,7 +156,8 @@ def collate(batch: Sequence[TokenizedSample], pad_id: int, prompt_weight: float 
     return {"input_ids": ids, "attention_mask": att, "labels": labels, "loss_weights": weights}
 
 
-def token_loss(model: Any, batch: dict[str, Any], device: Any, reference: bool = False) -> tuple[Any, float]:
+def token_loss(model: Any, batch: dict[str, Any], device: Any, reference: bool = False,
+               share_prefix: bool = True) -> tuple[Any, float]:
     """Weighted sum of next-token cross-entropy (`loss_weights`; without them, 1 on labelled
     tokens) and the sum of the weights. Divide for the weighted token mean; with no prompt
     weight that is the mean over assistant tokens.
@@ -165,7 +166,8 @@ def token_loss(model: Any, batch: dict[str, Any], device: Any, reference: bool =
     batch (as `collate` pads) runs without its mask (`mempo.training.forward.logits_at`):
     the padding and retrieved passages that make up most of an SFT batch get no LM head. The
     leading tokens every sample shares (chat template, system prompt) run once, LM head
-    included (`_shared_prefix_loss`).
+    included (`_shared_prefix_loss`; `share_prefix=False` runs them per sample, as
+    benchmarks/sft_step.py's `unshared` way).
     `reference` is the model's own forward instead: the mask, logits at every position (what
     the tests compare with).
 
@@ -185,11 +187,11 @@ def token_loss(model: Any, batch: dict[str, Any], device: Any, reference: bool =
         logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
         ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
         return (ce * weights.reshape(-1)).sum(), float(weights.sum())
-    shared = shared_prefix_length(ids, att) if has_plain_head(model) and right_padded(att) else 0
+    shared = shared_prefix_length(ids, att) if share_prefix and has_plain_head(model) and right_padded(att) else 0
     if shared:
         return _shared_prefix_loss(model, ids, weights, shared), float(weights.sum())
     sel = weights != 0
-    logits = logits_at(model, ids, att, F.pad(sel, (0, 1))).float()  # [positions with a weight, vocabulary]
+    logits = logits_at(model, ids, att, F.pad(sel, (0, 1)), share_prefix).float()  # [positions with a weight, vocabulary]
     ce = F.cross_entropy(logits, targets[sel], reduction="none")
     return (ce * weights[sel]).sum(), float(weights.sum())
 
