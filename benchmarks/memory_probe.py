@@ -75,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     from mempo.agent.generation import make_generator
     from mempo.config import load_params
     from mempo.retrieval import open_retriever
-    from mempo.training.grpo import episode_memory_rewards, load_tasks, make_rollout_setup, step_tasks
+    from mempo.training.grpo import (
+        episode_memory_rewards,
+        load_tasks,
+        make_rollout_setup,
+        step_tasks,
+    )
     from mempo.training.rollouts import lockstep_episodes
     from mempo.training.runtime import load_policy
 
