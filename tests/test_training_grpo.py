@@ -578,3 +578,23 @@ def test_memory_probe_benchmark_packs_and_agrees(setup: dict[str, Path], tmp_pat
     assert all(r["turn_records"] >= 6 and r["packed_s"] > 0 and r["one_row_each_s"] > 0 for r in res["batches"])
     assert res["max_abs_reward_difference"] < 1e-4
     assert "train_stage" not in res  # no train history under this root
+
+
+def test_prefix_cache_benchmark_reuses_history_and_keeps_greedy_predictions(setup: dict[str, Path],
+                                                                             tiny_world: Path, tmp_path: Path) -> None:
+    """benchmarks/prefix_cache.py on the tiny policy in the full-history format: with the cache
+    fewer prompt tokens are prefilled for the same turns, and greedy evaluation predicts the same."""
+    import json
+
+    mod = load_benchmark("prefix_cache")
+    out = tmp_path / "prefix.json"
+    assert mod.main(["--root", str(tmp_path), "--params", "none.yaml", "--policy", str(setup["sft"] / "model"),
+                     "--data", str(setup["data"]), "--retriever", str(setup["corpus"]), "--world", str(tiny_world),
+                     "--batches", "1", "--eval-tasks", "3", "--batch-questions", "2", "--n-rollouts", "2",
+                     "--max-turns", "3", "--max-new-tokens", "40", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    (row,) = res["rollouts"]["batches"]
+    assert row["no_cache"]["prefill_tokens"] == row["no_cache"]["prompt_tokens"]
+    assert row["no_cache"]["turns"] > 4  # a second turn extends the first: its history comes from the cache
+    assert row["prefix_cache"]["prefill_tokens"] < row["prefix_cache"]["prompt_tokens"]
+    assert res["eval"]["tasks"] == 3 and res["eval"]["same_predictions"] is True
