@@ -12,8 +12,9 @@ positions of a batch, the same numbers the model's own forward has there, cheape
   architecture's logits are exactly `lm_head(last hidden state)` (`has_plain_head`), so
   prompt, padding and retrieved-passage positions get none;
 - the leading tokens every row of a right-padded batch shares (the chat template and the
-  system prompt: on the tiny policy about half of a memory-context turn) run once, as a
-  batch of one, and the rest of each row attends to their keys and values
+  system prompt where the template keeps it, as real models' templates do; the question of
+  one task's turns) run once, as a batch of one, and the rest of each row attends to their
+  keys and values
   (`shared_prefix_length`, `prefix_hidden`). Under causal attention a row's first P hidden
   states depend only on its first P tokens, so they are the same in every row; gradients
   from every row meet in the one prefix pass, as they would sum over the B copies.
