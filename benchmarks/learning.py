@@ -310,6 +310,15 @@ def seeds_of(a: argparse.Namespace, variant: str) -> list[int]:
     return list(a.full_seeds if RL_VARIANTS[variant][0] == "full" else a.seeds)
 
 
+def rl_jobs_by_format(a: argparse.Namespace) -> dict[str, list[tuple[str, str, str, int]]]:
+    """Each format's RL jobs, ("rl", key, variant, seed), seed by seed: every variant of a seed
+    before the next seed, so a study stopped early keeps complete pairs (a rerun with the
+    finished --seeds summarises them from the kept job results)."""
+    every_seed = sorted({s for v in a.variants for s in seeds_of(a, v)})
+    return {fmt: [("rl", f"rl-{v}-seed{s}", v, s) for s in every_seed for v in a.variants
+                  if RL_VARIANTS[v][0] == fmt and s in seeds_of(a, v)] for fmt in ("memory", "full")}
+
+
 def _run_job(kind: str, key: str, a: argparse.Namespace, inputs: dict[str, Path], *args: Any) -> tuple[str, Any]:
     """Run a job unless its result file exists (resume); returns (key, result)."""
     f = Path(a.workdir) / "results" / f"{key}.json"
@@ -531,10 +540,9 @@ def main(argv: list[str] | None = None) -> int:
     inputs = prepare_inputs(a)
     print(f"inputs ready in {time.perf_counter() - t_all:.0f}s: {a.workdir}", flush=True)
     results: dict[str, Any] = {}
-    # The two SFT formats and the untrained policy first; each format's RL jobs (variants x
-    # seeds) start as soon as its SFT checkpoint exists, so both cores stay busy.
-    rl_jobs = {fmt: [("rl", f"rl-{v}-seed{s}", v, s) for v in a.variants if RL_VARIANTS[v][0] == fmt
-                     for s in seeds_of(a, v)] for fmt in ("memory", "full")}
+    # The two SFT formats and the untrained policy first; each format's RL jobs start as soon
+    # as its SFT checkpoint exists, so both cores stay busy.
+    rl_jobs = rl_jobs_by_format(a)
     first = [("sft", "sft-memory", "memory"), ("sft", "sft-full", "full"), ("untrained", "untrained")]
     total = len(first) + sum(map(len, rl_jobs.values()))
     with ProcessPoolExecutor(max_workers=a.jobs, mp_context=mp.get_context("spawn")) as pool:

@@ -180,3 +180,11 @@ def test_every_rl_variant_is_a_valid_params_override_and_names_its_format(learni
     half, full_weight = (load_params(learning.PARAMS, learning.RL_VARIANTS[v][1]).mempo for v in ("mempo_half", "mempo"))
     assert half.model_dump() == {**full_weight.model_dump(), "lambda_mem": 0.5}  # only the weight differs
     assert set(learning.DEFAULT_VARIANTS) <= set(learning.RL_VARIANTS)
+
+
+def test_rl_jobs_run_seed_by_seed_so_a_stopped_study_keeps_pairs(learning):
+    a = learning._args(["--variants", "grpo", "mempo_prev", "full", "--seeds", "0", "1", "--full-seeds", "1"])
+    jobs = learning.rl_jobs_by_format(a)
+    assert [j[1] for j in jobs["memory"]] == ["rl-grpo-seed0", "rl-mempo_prev-seed0", "rl-grpo-seed1",
+                                              "rl-mempo_prev-seed1"]
+    assert [j[1] for j in jobs["full"]] == ["rl-full-seed1"]
