@@ -474,13 +474,13 @@ def plots(out: dict[str, Any], out_path: Path) -> None:
     merged = [{"step": i + 1, **{f"{v}_reward": curves[v][i].get("reward_mean") for v in curves
                                 if len(curves[v]) > i and curves[v][i].get("reward_mean") is not None}}
               for i in range(steps)]
-    plot_curves(merged, [f"{v}_reward" for v in curves], out_path.with_name("learning_curves.png"),
+    plot_curves(merged, [f"{v}_reward" for v in curves], out_path.with_name(f"{out_path.stem}_curves.png"),
                 title="RL training reward (mean over seeds)", smooth=steps // 12)
     by_k = [{"step": i + 1, **{f"{v}_{key}": curves[v][i][key] for v in curves for key in ("em_k1", "em_k2")
                                if len(curves[v]) > i and curves[v][i].get(key) is not None}} for i in range(steps)]
     keys = [f"{v}_{key}" for v in curves for key in ("em_k1", "em_k2") if any(f"{v}_{key}" in r for r in by_k)]
     if keys:  # what RL on the singles + k=2 mixture does to each part (rollout EM, mean over seeds)
-        plot_curves(by_k, keys, out_path.with_name("learning_curves_per_k.png"),
+        plot_curves(by_k, keys, out_path.with_name(f"{out_path.stem}_curves_per_k.png"),
                     title="RL rollout EM on singles (k1) and k=2 tasks (mean over seeds)", smooth=steps // 12)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     ks = {"single": 1, "k2": 2, "k4": 4}
@@ -497,7 +497,7 @@ def plots(out: dict[str, Any], out_path: Path) -> None:
         ax.set_title(title)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize="small")
-    fig.savefig(out_path.with_name("learning_em_vs_k.png"), dpi=110, bbox_inches="tight")
+    fig.savefig(out_path.with_name(f"{out_path.stem}_em_vs_k.png"), dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
