@@ -257,15 +257,11 @@ class Decoder:
                 width = max(len(prompts[i]) for i in take)
                 need = max(r.budget for r in new_rows + rows)
                 t0 = time.thread_time()
-                if cache is not None:
-                    prefixes = [cache.take(prompts[i]) for i in take]
-                    new_logits = fresh.prefill([prompts[i] for i in take], width + need, self.pad_id, prefixes)
-                else:
-                    prefixes = [None] * len(take)
-                    new_logits = fresh.prefill([prompts[i] for i in take], width + need, self.pad_id)
+                prefixes = [cache.take(prompts[i]) for i in take] if cache is not None else None
+                new_logits = fresh.prefill([prompts[i] for i in take], width + need, self.pad_id, prefixes)
                 self.stats["prefill_s"] += time.thread_time() - t0
-                self.stats["prefill_tokens"] += sum(len(prompts[i]) - (pf[0] if pf else 0)
-                                                    for i, pf in zip(take, prefixes, strict=True))
+                self.stats["prefill_tokens"] += (sum(len(prompts[i]) for i in take)
+                                                 - sum(pf[0] for pf in prefixes or () if pf is not None))
                 self.stats["prefill_padded"] += width * len(take)
                 if engine is None or not rows:
                     engine, rows, logits = fresh, new_rows, new_logits

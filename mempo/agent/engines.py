@@ -348,8 +348,12 @@ class HFEngine:
         self.cache = out.past_key_values
         return out.logits[:, -1].float()
 
-    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int, pad_id: int) -> torch.Tensor:
+    def prefill(self, prompts: Sequence[Sequence[int]], capacity: int, pad_id: int,
+                prefixes: Sequence[Prefix | None] | None = None) -> torch.Tensor:
         from transformers import DynamicCache
+
+        if prefixes is not None and any(pf is not None for pf in prefixes):
+            raise ValueError("HFEngine runs whole prompts (takes_prefixes is False)")
 
         device = next(self.model.parameters()).device
         ids, mask = left_pad(prompts, pad_id)

@@ -191,7 +191,8 @@ def token_loss(model: Any, batch: dict[str, Any], device: Any, reference: bool =
     if shared:
         return _shared_prefix_loss(model, ids, weights, shared), float(weights.sum())
     sel = weights != 0
-    logits = logits_at(model, ids, att, F.pad(sel, (0, 1)), share_prefix).float()  # [positions with a weight, vocabulary]
+    # share_prefix=False: the check above already found no shared prefix to run once
+    logits = logits_at(model, ids, att, F.pad(sel, (0, 1)), share_prefix=False).float()  # [positions with a weight, V]
     ce = F.cross_entropy(logits, targets[sel], reduction="none")
     return (ce * weights[sel]).sum(), float(weights.sum())
 
