@@ -38,7 +38,8 @@ in the first and second half of the steps, per 100 steps, pooled over seeds with
 learning_curves.png, learning_em_vs_k.png (and learning_curves_per_k.png: rollout EM on the
 singles and the k=2 tasks while RL trains), and beside `--out` its per-task values
 (`learning.per_task.jsonl.gz`), which `benchmarks/learning_pool.py` reads to pool studies run on
-other seeds.
+other seeds. `config.start` records the sha256 of the SFT checkpoints' weights RL started from
+(`mempo.io.weights_sha256`): pooling refuses studies of different starts.
 Jobs run in `--jobs` single-threaded processes; a finished job's result is kept in
 `--workdir`, so a killed study resumes where it stopped.
 """
@@ -265,9 +266,12 @@ def job_sft(context: str, a: argparse.Namespace, inputs: dict[str, Path]) -> dic
         train_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     ev = evaluate_model(model, AGENT_OF_FORMAT[context], test_tasks(inputs["world"], a), inputs["corpus"], a.device)
+    from mempo.io import weights_sha256
+
     return {"train_seconds": train_s, "sft": {k: m[k] for k in ("steps", "train_samples", "final_val_loss",
                                                                   "tokens_per_s")},
-            "from": str(model), "eval": ev, "eval_seconds": time.perf_counter() - t1}
+            "from": str(model), "weights_sha256": weights_sha256(model), "eval": ev,
+            "eval_seconds": time.perf_counter() - t1}
 
 
 def job_rl(variant: str, seed: int, a: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
@@ -431,7 +435,9 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                    "eval_tasks": {b: table["sft"][b]["n"] for b in BENCHES}, "untrained_tasks": a.untrained_n,
                    "sft": "one checkpoint per format (seed 0), shared by the RL seeds"
                           + ("; a finished pipeline's (--from-pipeline)" if a.from_pipeline else ""),
-                   "policy": "tiny (2 x 128 Qwen2, BPE 1.5k)", "device": a.device},
+                   "policy": "tiny (2 x 128 Qwen2, BPE 1.5k)", "device": a.device,
+                   # which checkpoints RL started from (learning_pool.py / learning_budget.py compare it)
+                   "start": {fmt: results[f"sft-{fmt}"].get("weights_sha256") for fmt in AGENT_OF_FORMAT}},
         "results": table,
         "paired": paired,
         "reward_flattening": flat,

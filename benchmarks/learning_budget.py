@@ -15,7 +15,8 @@ shorter run's end point) and by test task, with the two-level bootstrap of
 With two variants A and B, also the gap A - B at each budget and how it changes
 (`gap.change`: per task, (A - B) long - (A - B) short): does the memory advantage's lead grow,
 hold or fade with more training? Only the seeds both studies ran are compared; studies that
-differ in anything but the RL steps are refused with the file and field named. `--out`
+differ in anything but the RL steps (their SFT start included) are refused with the file and
+field named. `--out`
 writes the JSON and beside it a forest plot.
 """
 
@@ -37,7 +38,7 @@ from mempo.evaluation.stats import (  # noqa: E402
     pool_slopes,
     seed_bootstrap,
 )
-from mempo.evaluation.studies import BENCHES, METRICS, SAME, load_study  # noqa: E402
+from mempo.evaluation.studies import BENCHES, METRICS, SAME, check_same_start, load_study  # noqa: E402
 from mempo.io import write_json  # noqa: E402
 
 Runs = list[dict[str, float | None]]
@@ -74,6 +75,7 @@ def compare(long: dict[str, Any], short: dict[str, Any], variants: list[str], n_
         if key != "rl_steps" and long["config"].get(key) != short["config"].get(key):
             raise MempoError(f"{long['path']}: config.{key} is {long['config'].get(key)!r}, but {short['path']} "
                              f"has {short['config'].get(key)!r}: only the RL steps may differ")
+    check_same_start([long, short])
     steps = (long["config"]["rl_steps"], short["config"]["rl_steps"])
     if steps[0] <= steps[1]:
         raise MempoError(f"{long['path']}: {steps[0]} RL steps, not more than {short['path']}'s {steps[1]}: "

@@ -12,8 +12,9 @@ every study has its per-task file (`<study>.per_task.jsonl.gz`, written by learn
 interval is the study's own two-level bootstrap (seeds, then tasks within each seed:
 `mempo.evaluation.stats.paired_bootstrap`); otherwise it resamples the per-seed differences
 only (`seed_bootstrap`), and the output says so (`resampled`): that interval is for the test
-tasks the seeds shared, not for new tasks. Studies that differ in a setting, or that share a
-seed, are refused with the file and field named. Whether the gain grows with k: per seed, the
+tasks the seeds shared, not for new tasks. Studies that differ in a setting, share a seed, or
+start RL from different SFT checkpoints (`mempo.evaluation.studies.check_same_start`) are
+refused with the file and field named. Whether the gain grows with k: per seed, the
 k=4 difference minus the k=2 one (`k4_minus_k2`, seeds resampled). One study alone gives a pair its own summary
 did not compare (e.g. `--pair mempo_half full`). The two variants' reward trends (per-seed
 slopes of the training reward, `mempo.evaluation.stats.curve_slopes`) pool too, where every
@@ -41,7 +42,7 @@ from mempo.evaluation.stats import (  # noqa: E402
     seed_bootstrap,
     seed_contrast,
 )
-from mempo.evaluation.studies import BENCHES, METRICS, SAME, load_study  # noqa: E402
+from mempo.evaluation.studies import BENCHES, METRICS, SAME, check_same_start, load_study  # noqa: E402
 from mempo.io import write_json  # noqa: E402
 
 
@@ -52,6 +53,7 @@ def check_poolable(studies: list[dict[str, Any]]) -> None:
             if st["config"].get(key) != first["config"].get(key):
                 raise MempoError(f"{st['path']}: config.{key} is {st['config'].get(key)!r}, but "
                                  f"{first['path']} has {first['config'].get(key)!r}: not the same experiment")
+    check_same_start(studies)
     names = [st["path"].name for st in studies]
     if len(set(names)) < len(names):
         raise MempoError(f"two studies share a file name ({', '.join(names)}): the output names them by it")

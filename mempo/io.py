@@ -233,6 +233,20 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def weights_sha256(model_dir: str | Path) -> str:
+    """Hex sha256 over a Hugging Face model folder's weight files (`*.safetensors`, else `*.bin`),
+    in name order: the same for two folders with the same weights, whatever their config files
+    say (a transformers version, a path). DataError if the folder has no weight file."""
+    folder = Path(model_dir)
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    if not files:
+        raise DataError(f"no *.safetensors or *.bin weight file in {folder}", path=str(folder))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode("utf-8") + b"\0" + sha256_file(f).encode("ascii"))
+    return h.hexdigest()
+
+
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

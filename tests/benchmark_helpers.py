@@ -37,13 +37,17 @@ def study_job(vals: list[float], curve: list[float] | None = None) -> dict[str, 
 
 
 def write_study(learning: ModuleType, path: Path, seeds: list[int], values: dict[str, dict[int, list[float]]],
-                rl_steps: int = 1) -> Path:
+                rl_steps: int = 1, sft: list[float] | None = None, start: str | None = None) -> Path:
     """A study of the variants in `values` on `seeds`, written as learning.py writes it (summary
-    JSON and per-task file): variant v's per-task values on seed s are `values[v][s]`."""
+    JSON and per-task file): variant v's per-task values on seed s are `values[v][s]`; the SFT
+    start's per-task values are `sft` (default all 0) and its weights' digest `start` (default none)."""
     a = learning._args(["--seeds", *map(str, seeds), "--variants", *values, "--rl-steps", str(rl_steps),
                         "--bootstrap", "50", "--workdir", str(path.parent)])
     n = len(next(iter(next(iter(values.values())).values())))
-    results = {k: study_job([0.0] * n) for k in ("untrained", "sft-memory", "sft-full")}
+    results = {k: study_job(sft or [0.0] * n) for k in ("untrained", "sft-memory", "sft-full")}
+    if start is not None:
+        for k in ("sft-memory", "sft-full"):
+            results[k]["weights_sha256"] = f"{start}-{k}"
     for v, per_seed in values.items():
         for s in seeds:
             results[f"rl-{v}-seed{s}"] = study_job(per_seed[s])

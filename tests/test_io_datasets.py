@@ -238,3 +238,19 @@ def test_atomic_dir_fsyncs_every_file_before_the_swap(tmp_path: Path, monkeypatc
         (tmp / "sub" / "b.bin").write_bytes(b"b")
         names = {str(tmp / "a.bin"), str(tmp / "sub" / "b.bin"), str(tmp / "sub")}
     assert names <= set(synced), synced
+
+
+def test_weights_sha256_follows_the_weights_not_the_config(tmp_path):
+    from mempo.errors import DataError
+    from mempo.io import weights_sha256
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, cfg in ((a, '{"transformers_version": "4"}'), (b, '{"transformers_version": "5"}')):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"same weights")
+        (d / "config.json").write_text(cfg)
+    assert weights_sha256(a) == weights_sha256(b)
+    (b / "model.safetensors").write_bytes(b"other weights")
+    assert weights_sha256(a) != weights_sha256(b)
+    with pytest.raises(DataError, match="no \\*.safetensors or \\*.bin weight file"):
+        weights_sha256(tmp_path)

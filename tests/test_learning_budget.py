@@ -83,3 +83,6 @@ def test_studies_that_differ_in_more_than_the_steps_or_share_no_seed_are_refused
         lb.compare(lb.load_study(long, "grpo", "grpo"), lb.load_study(far, "grpo", "grpo"), ["grpo"])
     assert lb.main([str(long), str(short), "--variants", "full"]) == 2
     assert "long.json: no variant 'full'" in capsys.readouterr().err
+    restarted = write_study(learning, tmp_path / "r" / "restarted.json", [1, 2], SHORT, rl_steps=2, sft=[1.0] * 4)
+    assert lb.main([str(long), str(restarted), "--variants", "grpo"]) == 2
+    assert "restarted.json: its RL start has sft single em 1.0, but" in capsys.readouterr().err

@@ -149,3 +149,27 @@ def test_the_gain_at_k4_minus_the_gain_at_k2_is_paired_by_seed(learning, lp, tmp
     d = out["k4_minus_k2"]["objective_em"]
     assert d["mean"] == pytest.approx((0.1 + 0.4 + 0.0) / 3) and d["seeds"] == 3
     assert 0.0 <= d["ci95_low"] < d["mean"] < d["ci95_high"] <= 0.4 + 1e-9  # means of resampled seeds
+
+
+def test_studies_from_different_sft_starts_are_refused(learning, lp, tmp_path, capsys):
+    """The same settings and distinct seeds, but RL started from other SFT checkpoints: their
+    own evaluation differs (old studies), or their recorded weights do (new ones)."""
+    gain = {s: [1.0, 0.0] for s in range(4)}
+    s1 = _study(learning, tmp_path / "a" / "first.json", [0, 1], gain)
+    other = write_study(learning, tmp_path / "b" / "second.json", [2, 3],
+                        {"grpo": {s: [0.0, 0.0] for s in (2, 3)}, "mempo_half": gain}, sft=[1.0, 0.0])
+    assert lp.main([str(s1), str(other), "--pair", "mempo_half", "grpo"]) == 2
+    err = capsys.readouterr().err
+    assert "second.json: its RL start has sft single em 0.5, but" in err and "first.json's has 0.0" in err
+    # the same evaluation, other weights: refused on the digest
+    w1 = write_study(learning, tmp_path / "c" / "w1.json", [0, 1],
+                     {"grpo": {s: [0.0, 0.0] for s in (0, 1)}, "mempo_half": gain}, start="x")
+    w2 = write_study(learning, tmp_path / "d" / "w2.json", [2, 3],
+                     {"grpo": {s: [0.0, 0.0] for s in (2, 3)}, "mempo_half": gain}, start="y")
+    with pytest.raises(MempoError, match=r"w2.json: its RL start has weights sha256 of sft-(memory|full) 'y-sft-"):
+        lp.pool([lp.load_study(p, "mempo_half", "grpo") for p in (w1, w2)], "mempo_half", "grpo", 50)
+    # a study that recorded no digest (before learning.py wrote it) is compared on its evaluation
+    third = _study(learning, tmp_path / "e" / "third.json", [2, 3], gain)
+    out = lp.pool([lp.load_study(p, "mempo_half", "grpo") for p in (w1, third)], "mempo_half", "grpo", 50)
+    assert out["seeds"] == [0, 1, 2, 3]
+    assert json.loads(w1.read_text())["config"]["start"] == {"memory": "x-sft-memory", "full": "x-sft-full"}

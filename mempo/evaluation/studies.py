@@ -20,6 +20,10 @@ from mempo.io import iter_jsonl
 BENCHES = ("single", "k2", "k4")
 METRICS = ("em", "objective_em", "forgetting_rate")
 SAME = ("rl_steps", "batch_questions", "n_rollouts", "eval_tasks", "policy")  # what must match to pool
+# The start a study's RL variants train from: its SFT checkpoints, evaluated before RL (results
+# `sft`, `sft_full`) on the same greedy test tasks, so one start gives the same numbers in every study.
+START_VARIANTS = ("sft", "sft_full")
+START_METRICS = ("em", "objective_em", "mean_prompt_tokens")
 
 
 def load_study(path: Path, a: str, b: str) -> dict[str, Any]:
@@ -51,7 +55,40 @@ def load_study(path: Path, a: str, b: str) -> dict[str, Any]:
         if missing:
             raise MempoError(f"{side}: no per-task rows for {', '.join(missing[:4])}")
     return {"path": path, "config": study["config"], "seeds": common, "per_seed": per_seed, "per_task": per_task,
-            "slopes": {v: reward_slopes(study, v) for v in (a, b)}}
+            "slopes": {v: reward_slopes(study, v) for v in (a, b)}, "start": start_signature(study)}
+
+
+def start_signature(study: dict[str, Any]) -> dict[str, Any]:
+    """What identifies the SFT checkpoints a study's RL variants start from: the sha256 of their
+    weights where the study recorded it (`config.start`, learning.py since 2026-12-04), and for
+    every study the start policies' own greedy evaluation on its test tasks (per set: EM,
+    objective EM, mean prompt tokens), which two studies of one start reproduce exactly."""
+    sig: dict[str, Any] = {}
+    for v in START_VARIANTS:
+        res = (study.get("results") or {}).get(v) or {}
+        for bench in BENCHES:
+            for m in START_METRICS:
+                mean = ((res.get(bench) or {}).get(m) or {}).get("mean")
+                if mean is not None:
+                    sig[f"{v} {bench} {m}"] = round(float(mean), 6)
+    for fmt, digest in ((study.get("config") or {}).get("start") or {}).items():
+        if digest:
+            sig[f"weights sha256 of sft-{fmt}"] = digest
+    return sig
+
+
+def check_same_start(studies: list[dict[str, Any]]) -> None:
+    """Refuse studies (`load_study`'s) whose RL starts differ: two SFT checkpoints trained from
+    the same params can still differ (another commit's numerics, another machine), and a
+    difference pooled over them would mix two experiments. Compared on what both recorded."""
+    first = studies[0]
+    for st in studies[1:]:
+        for key, value in st["start"].items():
+            other = first["start"].get(key)
+            if other is not None and other != value:
+                raise MempoError(f"{st['path']}: its RL start has {key} {value!r}, but {first['path']}'s has {other!r}: "
+                                 "the studies start from different SFT checkpoints (or evaluate them differently); "
+                                 "pool or compare only studies of one start")
 
 
 def reward_slopes(study: dict[str, Any], v: str) -> dict[int, dict[str, float | None]] | None:
