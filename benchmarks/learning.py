@@ -371,6 +371,7 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
             table[v][bench]["n"] = runs[0]["eval"][bench]["aggregate"].get("n")
             table[v][bench]["outcomes"] = mean_outcomes([r["eval"][bench]["aggregate"].get("outcomes") for r in runs])
     from mempo.evaluation.stats import paired_bootstrap, seed_contrast
+    from mempo.tracking.lineage import numerics_tags
 
     paired: dict[str, dict[str, Any]] = {}
     for name, (x, y) in {"mempo_minus_grpo": ("mempo", "grpo"), "mempo_minus_full": ("mempo", "full"),
@@ -437,7 +438,8 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                           + ("; a finished pipeline's (--from-pipeline)" if a.from_pipeline else ""),
                    "policy": "tiny (2 x 128 Qwen2, BPE 1.5k)", "device": a.device,
                    # which checkpoints RL started from (learning_pool.py / learning_budget.py compare it)
-                   "start": {fmt: results[f"sft-{fmt}"].get("weights_sha256") for fmt in AGENT_OF_FORMAT}},
+                   "start": {fmt: results[f"sft-{fmt}"].get("weights_sha256") for fmt in AGENT_OF_FORMAT},
+                   "numerics": numerics_tags()},
         "results": table,
         "paired": paired,
         "reward_flattening": flat,

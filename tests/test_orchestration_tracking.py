@@ -50,6 +50,13 @@ def test_stage_runs_nest_under_pipeline_run_and_carry_lineage(
     assert child.data.tags["mempo.stage"] == "train"
     assert len(child.data.tags["mlflow.source.git.commit"]) in (40, len("unknown"))
     assert len(child.data.tags["data.train.sha256"]) == 64
+    # what decides the run's rounding besides code and inputs, on the stage and the pipeline run
+    import torch
+
+    for rid in (run.info.run_id, parent_id):
+        tags = client.get_run(rid).data.tags
+        assert tags["mempo.numerics.cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+        assert tags["mempo.numerics.torch"] == torch.__version__
     assert child.data.params == {"lambda_mem": "1.0"}
     wall = child.data.metrics.pop(tracking.STAGE_WALL_METRIC)
     assert child.data.metrics == {"loss": 0.5, "eval/em": 1.0}
@@ -197,3 +204,13 @@ def test_stage_runs_get_the_hashes_dvc_recorded(mlflow_uri: str, tmp_path: Path,
     assert tags["dvc.deps.data/prepared"] == "abc.dir"
     assert tags["dvc.outs.outputs/train/model"] == "def.dir"
     assert len(tags["dvc.params.sha256"]) == 16
+
+
+def test_numerics_tags_name_the_kernel_settings_that_were_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mempo.tracking.lineage import numerics_tags
+
+    for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA"):
+        monkeypatch.delenv(k, raising=False)
+    assert "mempo.numerics.MKL_CBWR" not in numerics_tags()
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    assert numerics_tags()["mempo.numerics.MKL_CBWR"] == "AVX2"

@@ -1,7 +1,8 @@
 """Lineage facts a run is tagged with: the git commit, input hashes, DVC's recorded hashes.
 
-    from mempo.tracking.lineage import data_hashes, git_commit
+    from mempo.tracking.lineage import data_hashes, git_commit, numerics_tags
     git_commit()                               # ("3f2a...", False): sha, dirty
+    numerics_tags()                            # {"mempo.numerics.cpu_capability": "AVX512", ...}
     data_hashes({"train": "data/prepared"})    # {"data.train.path": ..., "data.train.md5": ...}
 
 A path DVC already hashed (in dvc.lock) reuses DVC's md5 instead of rereading the bytes. DVC
@@ -49,6 +50,23 @@ def git_commit(root: str | Path | None = None) -> tuple[str, bool]:
         return sha, dirty
     except (OSError, subprocess.CalledProcessError):
         return "unknown", False
+
+
+# Environment variables that choose the CPU kernels (and so the rounding) of torch's maths.
+NUMERICS_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+
+
+def numerics_tags() -> dict[str, str]:
+    """What besides code, params and inputs decides a CPU run's floating-point results: torch's
+    version and the instruction set its kernels use (`mempo.numerics.*` tags). The same commit
+    and inputs give bit-identical weights run after run on one machine, and different ones on a
+    machine whose kernels round differently (docs/training.md, "Reproducibility")."""
+    import torch
+
+    tags = {"mempo.numerics.torch": torch.__version__,
+            "mempo.numerics.cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
+    tags.update({f"mempo.numerics.{k}": os.environ[k] for k in NUMERICS_ENV if os.environ.get(k)})
+    return tags
 
 
 def _dvc_lock(root: Path) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from mempo.tracking.lineage import (
     clip_text,
     data_hashes,
     git_commit,
+    numerics_tags,
 )
 from mempo.tracking.where import (
     DEFAULT_EXPERIMENT,
@@ -122,6 +123,7 @@ def stage_run(
         "mlflow.source.git.commit": sha,
         "mempo.git_commit": sha,
         "mempo.git_dirty": str(dirty).lower(),
+        **numerics_tags(),
     }
     if os.environ.get("DVC_STAGE"):
         all_tags["dvc.stage"] = os.environ["DVC_STAGE"]
@@ -225,6 +227,7 @@ def pipeline_run(
         "mlflow.source.git.commit": sha,
         "mempo.git_commit": sha,
         "mempo.git_dirty": str(dirty).lower(),
+        **numerics_tags(),
         **{k: clip_text(v, MAX_TAG_CHARS) for k, v in (tags or {}).items()},
     }
     # Created through the client, not mlflow.start_run: the parent must not become the
