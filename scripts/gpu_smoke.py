@@ -23,8 +23,10 @@ What such a machine lacks, and what the script does instead:
 No wheels are shipped beside the script.
 
 Phases (each timed; on CUDA also its peak allocated memory): world, policy, encoder
-(passages/s), SFT steps (tokens/s), GRPO steps (rollout tokens/s, memory-reward and update
-seconds), memory probe (probe tokens/s). `--budget-s` (default 420) stops adding steps once
+(passages/s), SFT steps (tokens/s), GRPO steps (rollouts with the generator the GRPO stage
+builds, `rollout.decoder`: tokens/s, memory-reward and update seconds), the decoder (the fast
+decoder against `generate()` on the rollouts' prompts, greedy: tokens/s at batch 8 / 32 / 64 and
+rows token-identical), memory probe (probe tokens/s). `--budget-s` (default 420) stops adding steps once
 spent, so the run stays within 8 minutes; a cut phase is marked `truncated`.
 """
 
@@ -311,7 +313,7 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
 
     from mempo.advantage import MemoryTurn, memory_reward
     from mempo.agent.format import ANSWER_PROBE_PREFIX, render_prompt
-    from mempo.agent.generation import HFGenerator
+    from mempo.agent.generation import make_generator
     from mempo.agent.rollout import full_context_messages
     from mempo.training.grpo import make_rollout_setup
     from mempo.training.grpo_update import build_turn_samples, fill_logprobs, update_policy
@@ -325,7 +327,9 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
         prm.requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=tp.lr)
     setup = make_rollout_setup(retriever, tok, train_rollout(params))
-    generator = HFGenerator(model, tok, batch_size=tp.generation_batch_size)
+    agent_t = train_rollout(params)
+    generator = make_generator(model, tok, agent_t.decoder, batch_size=tp.generation_batch_size,
+                               prefix_cache_mb=agent_t.prefix_cache_mb)  # as the GRPO stage builds it
     temperature = agent.temperature if agent.temperature > 0 else 1.0
     totals: dict[str, float] = defaultdict(float)
     all_turns: list[tuple[Any, Any]] = []
@@ -378,7 +382,13 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
         rollout_seconds=round(totals["rollout_s"], 3),
         rollout_tokens_per_s=_rate(totals["generated_tokens"], totals["rollout_s"]),
         memory_reward_seconds=round(totals["memory_reward_s"], 3), update_seconds=round(totals["update_s"], 3),
-        truncated=truncated)
+        decoder=agent_t.decoder, truncated=truncated)
+
+    # decoder: the fast decoder against transformers' generate() on the rollouts' own prompts
+    model.eval()
+    prompts_d = [t.prompt_ids for _, t in all_turns][: 16 if quick else 64] or [tok.encode(items[0].question)]
+    phases["decoder"] = compare_decoders(model, tok, prompts_d, 16 if quick else 64, meter,
+                                         batches=(8,) if quick else (8, 32, 64))
 
     # memory probe: P(a* | q, mem_t) for the rollouts' memories, the actor path of the verl probe
     from mempo.advantage import answer_probability
@@ -415,9 +425,48 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
         "rollout_tokens_per_s": phases["grpo"]["rollout_tokens_per_s"],
         "probe_tokens_per_s": phases["probe"]["tokens_per_s"],
         "encoder_passages_per_s": phases["encoder"]["passages_per_s"],
+        "decoder_speedup_over_generate": phases["decoder"]["speedup_at_largest_batch"],
+        "decoder_greedy_identical": phases["decoder"]["greedy_identical"],
         "peak_gpu_mib": result["peak_gpu_mib"],
     }
     return result
+
+
+def compare_decoders(model: Any, tok: Any, prompts: list[list[int]], max_new: int, meter: Meter,
+                     batches: tuple[int, ...]) -> dict[str, Any]:
+    """Greedy decoding of `prompts` (stop sequences on) with the fast decoder and with
+    `generate()` at each batch size: tokens/s of each (best of 2 timed calls after a warm-up),
+    and how many rows came out token-identical. On CUDA the two run different kernels (the
+    decoder's own attention against the model's), so a row may differ where two logits tie
+    within rounding; the count is reported, not assumed."""
+    from mempo.agent.format import STOP_SEQUENCES
+    from mempo.agent.generation import SamplingParams, make_generator
+
+    sampling = SamplingParams(max_new_tokens=max_new, temperature=0.0, top_p=1.0, seed=None,
+                              logprobs=False, stop=tuple(STOP_SEQUENCES))
+    rows: dict[str, Any] = {}
+    identical = 0
+    for bs in batches:
+        out: dict[str, Any] = {}
+        for kind in ("fast", "hf"):
+            gen = make_generator(model, tok, kind, batch_size=bs)
+            gen.generate(prompts[:bs], sampling)  # warm-up
+            best, result = float("inf"), []
+            for _ in range(2):
+                with meter:
+                    result = gen.generate(prompts, sampling)
+                best = min(best, meter.seconds)
+            n_tok = sum(len(g.token_ids) for g in result)
+            out[kind] = {"seconds": round(best, 4), "tokens": n_tok, "tokens_per_s": _rate(n_tok, best),
+                         "ids": [g.token_ids for g in result]}
+        same = sum(a == b for a, b in zip(out["fast"].pop("ids"), out["hf"].pop("ids"), strict=True))
+        identical = same if bs == batches[-1] else identical
+        rows[str(bs)] = {**out, "identical_rows": same,
+                         "speedup": round(out["hf"]["seconds"] / out["fast"]["seconds"], 2)
+                         if out["fast"]["seconds"] > 0 else None}
+    return {"prompts": len(prompts), "max_new_tokens": max_new, "batches": rows,
+            "speedup_at_largest_batch": rows[str(batches[-1])]["speedup"],
+            "greedy_identical": f"{identical}/{len(prompts)}", "peak_gpu_mib": meter.row()["peak_gpu_mib"]}
 
 
 def _version(module: str) -> str | None:

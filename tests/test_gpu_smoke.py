@@ -29,6 +29,10 @@ def test_smoke_runs_on_cpu_with_only_the_bare_machines_packages(tmp_path):
     assert phases["sft"]["steps"] == 3 and phases["sft"]["tokens"] > 0 and phases["sft"]["teacher_samples"] > 0
     assert phases["grpo"]["steps"] == 1 and phases["grpo"]["generated_tokens"] > 0 and phases["grpo"]["turns"] > 0
     assert phases["probe"]["probes"] == phases["grpo"]["turns"]  # one probe per rollout turn
+    assert phases["grpo"]["decoder"] == "fast"  # the GRPO stage's generator, not generate()
+    dec = phases["decoder"]  # the fast decoder against generate() on the rollouts' prompts, greedy
+    assert dec["batches"]["8"]["fast"]["tokens"] == dec["batches"]["8"]["hf"]["tokens"] > 0
+    assert dec["greedy_identical"] == f"{dec['prompts']}/{dec['prompts']}"
     for key in ("sft_tokens_per_s", "rollout_tokens_per_s", "probe_tokens_per_s", "encoder_passages_per_s"):
         assert result["summary"][key] > 0, key
     assert result["summary"]["peak_gpu_mib"] is None  # no GPU here: nothing invented
