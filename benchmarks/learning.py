@@ -211,14 +211,12 @@ def _quiet() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def evaluate_model(model_dir: Path, agent: str, tasks: dict[str, list[Any]], corpus: Path,
-                   device: str) -> dict[str, Any]:
-    """Evaluation through `mempo eval`'s code, with its decoding settings: per set, aggregates and
-    per-task values."""
+def evaluate_rows(model_dir: Path, agent: str, tasks: dict[str, list[Any]], corpus: Path,
+                  device: str) -> list[dict[str, Any]]:
+    """Evaluation through `mempo eval`'s code, with its decoding settings: its sample rows
+    (`mempo.evaluation.metrics.SAMPLE_COLUMNS`, transcripts included)."""
     from mempo.evaluation.agent_runner import evaluate_items
     from mempo.evaluation.engine import load_engine
-    from mempo.evaluation.metrics import aggregate_pair
-    from mempo.evaluation.outcomes import outcome_shares
     from mempo.evaluation.settings import EvalSettings
 
     p = _params({"eval.memory_probe": False, "eval.rollout.max_concurrent_episodes": 64, "eval.device": device})
@@ -226,9 +224,18 @@ def evaluate_model(model_dir: Path, agent: str, tasks: dict[str, list[Any]], cor
     engine = load_engine(model_dir, model_dir, device=device, retriever=str(corpus), concurrency=64,
                          load_model_for_probe=False, prefix_cache_mb=p.eval.rollout_params().prefix_cache_mb)
     try:
-        rows = evaluate_items(tasks, [agent], engine, settings)
+        return evaluate_items(tasks, [agent], engine, settings)
     finally:
         engine.retriever.close()
+
+
+def evaluate_model(model_dir: Path, agent: str, tasks: dict[str, list[Any]], corpus: Path,
+                   device: str) -> dict[str, Any]:
+    """`evaluate_rows`, summarised: per set, aggregates and per-task values."""
+    from mempo.evaluation.metrics import aggregate_pair
+    from mempo.evaluation.outcomes import outcome_shares
+
+    rows = evaluate_rows(model_dir, agent, tasks, corpus, device)
     out: dict[str, Any] = {}
     for bench in tasks:
         part = [r for r in rows if r["benchmark"] == bench]

@@ -86,3 +86,47 @@ def forgetting_rate(episodes: Iterable[tuple[Sequence[Sequence[str]], Sequence[M
     """Share of k >= 2 episodes (objectives, steps) that forgot; None when there is none."""
     flags = [episode_forgot(objs, steps, sources) for objs, steps in episodes if len(objs) >= 2]
     return sum(flags) / len(flags) if flags else None
+
+
+# Where each objective of a finished episode ended up (`objective_fates`), in the order a
+# reader follows an answer: retrieved? written to a memory? still there at the end? answered?
+FATES = ("right", "never retrieved", "retrieved, never in a memory", "in a memory, then dropped",
+         "in the last memory, answered wrong")
+
+
+def objective_fates(objectives: Sequence[Sequence[str]], steps: Sequence[MemoryStep],
+                    correct: Sequence[float | bool]) -> list[str]:
+    """Per objective, why its answer part came out right or wrong (one of `FATES`):
+
+    - "right": `correct[i]` (the objective's EM);
+    - "never retrieved": no observation of the episode contains a gold answer (the agent
+      answered, or ran out of turns, without having retrieved it);
+    - "retrieved, never in a memory": an observation held it, no memory ever did;
+    - "in a memory, then dropped": a memory held it, the last memory does not (forgetting);
+    - "in the last memory, answered wrong": the last memory held it and the answer part
+      still missed it.
+
+    A gold answer can turn up in a passage retrieved for another objective, so "retrieved"
+    means "was in front of the agent", not "was searched for". Matching as `_contains`.
+
+        steps = [MemoryStep("Looking for the city.", "... born in Paris ..."),
+                 MemoryStep("Answer 1: Paris.", None)]
+        objective_fates([["Paris"], ["1900"]], steps, [1.0, 0.0])  # -> ["right", "never retrieved"]
+    """
+    if len(correct) != len(objectives):
+        raise ValueError(f"{len(correct)} objective scores for {len(objectives)} objectives")
+    memories = [s.memory for s in steps]
+    last = memories[-1] if memories else None  # a last turn without a memory kept nothing
+    fates = []
+    for answers, ok in zip(objectives, correct, strict=True):
+        if ok:
+            fates.append(FATES[0])
+        elif _contains(last, answers):
+            fates.append(FATES[4])
+        elif any(_contains(m, answers) for m in memories):
+            fates.append(FATES[3])
+        elif any(_contains(s.observation, answers) for s in steps):
+            fates.append(FATES[2])
+        else:
+            fates.append(FATES[1])
+    return fates

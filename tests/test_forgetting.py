@@ -3,7 +3,17 @@ defaults."""
 
 from __future__ import annotations
 
-from mempo.forgetting import SEEN, MemoryStep, episode_forgot, forgetting_rate, objective_forgotten
+import pytest
+
+from mempo.forgetting import (
+    FATES,
+    SEEN,
+    MemoryStep,
+    episode_forgot,
+    forgetting_rate,
+    objective_fates,
+    objective_forgotten,
+)
 
 OBJ = [["Paris", "City of Paris"], ["1900"]]
 
@@ -63,6 +73,27 @@ def test_rate_is_over_multi_objective_episodes_only():
     seen_only = [MemoryStep("x", "Paris"), MemoryStep("1900", None)]
     assert forgetting_rate([(OBJ, kept), (OBJ, seen_only)]) == 0.0
     assert forgetting_rate([(OBJ, kept), (OBJ, seen_only)], SEEN) == 0.5
+
+
+def test_each_objectives_fate_follows_its_answer_from_retrieval_to_the_last_memory():
+    objs = [["Paris", "City of Paris"], ["1900"], ["Rome"], ["Oslo"], ["Lima"]]
+    steps = [
+        MemoryStep("Nothing yet.", "... born in Paris ... visited Rome ... met in Oslo ..."),
+        MemoryStep("Answer 1: City of Paris. Answer 4: Oslo.", "... in 1901 ..."),
+        MemoryStep("Answer 1: Paris.", None),  # Oslo dropped; Rome never written; 1900, Lima never shown
+    ]
+    assert objective_fates(objs, steps, [1.0, 0.0, 0.0, 0.0, 0.0]) == [
+        "right", "never retrieved", "retrieved, never in a memory", "in a memory, then dropped", "never retrieved"]
+    # held in the last memory and still answered wrong; a right answer is right whatever the memory
+    assert objective_fates(objs[:2], steps, [0.0, 1.0]) == ["in the last memory, answered wrong", "right"]
+    assert set(objective_fates(objs, steps, [0] * 5)) <= set(FATES)
+
+
+def test_a_last_turn_without_memory_has_dropped_what_it_held_and_scores_must_match_objectives():
+    steps = [MemoryStep("Answer 1: Paris.", "... 1900 ..."), MemoryStep(None, None)]
+    assert objective_fates(OBJ, steps, [0.0, 0.0]) == ["in a memory, then dropped", "retrieved, never in a memory"]
+    with pytest.raises(ValueError, match="1 objective scores for 2 objectives"):
+        objective_fates(OBJ, steps, [1.0])
 
 
 def test_memory_reward_defaults_are_the_methods():

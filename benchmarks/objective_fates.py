@@ -1,0 +1,188 @@
+"""Why multi-objective answers come out wrong: each objective's fate, per trained policy.
+
+    .venv/bin/python benchmarks/objective_fates.py --from-pipeline <run> \\
+        --workdirs <learning.py --workdir>/pipeline --variants grpo mempo_half --seeds 0 1 2 3 4 \\
+        --out benchmarks/results/objective_fates.json
+
+For the memory-format SFT checkpoint of a finished `make run` (`--from-pipeline`) and the RL
+checkpoints a learning study kept (`<workdir>/rl-<variant>-seed<s>/model`, the first of
+`--workdirs` that has it), greedy evaluation through `mempo eval`'s code on the learning study's
+own held-out world-k2 and world-k4 tasks (`benchmarks/learning.py`'s `test_tasks`), then, per
+objective of every task, where its answer ended up (`mempo.forgetting.objective_fates`): right;
+never retrieved; retrieved but never written to a memory; in a memory, then dropped; in the last
+memory and still answered wrong. With how the episode ended (answered, turn limit, context
+limit). Per variant: the shares per seed and their mean, per set and objective position.
+Writes the JSON and beside it a stacked-bar plot (`.png`). Jobs run in `--jobs` single-threaded
+processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from mempo.errors import MempoError  # noqa: E402
+from mempo.forgetting import FATES, MemoryStep, objective_fates  # noqa: E402
+from mempo.io import write_json  # noqa: E402
+
+SETS = ("k2", "k4")
+
+
+def row_fates(row: dict[str, Any], objectives: list[list[str]]) -> tuple[str, list[str]]:
+    """How one evaluated episode ended and each objective's fate (`objective_fates`)."""
+    from mempo.rewards import multi_objective_scores
+
+    turns = json.loads(row["transcript"]) if row.get("transcript") else []
+    steps = [MemoryStep(t.get("memory"), t.get("observation")) for t in turns]
+    prediction = row.get("prediction") or None
+    correct = multi_objective_scores(prediction, objectives).per_objective
+    ended = ("context limit" if row.get("error") else "turn limit" if row.get("hit_turn_limit")
+             else "answered" if prediction else "no answer")
+    return ended, objective_fates(objectives, steps, correct)
+
+
+def fate_shares(rows: list[dict[str, Any]], tasks: dict[str, Any]) -> dict[str, Any]:
+    """Shares of objectives per fate (all positions, and per position), and of episodes per end."""
+    by_pos: dict[int, Counter[str]] = {}
+    ends: Counter[str] = Counter()
+    for row in rows:
+        ended, fates = row_fates(row, [list(o) for o in tasks[row["id"]].answer_lists])
+        ends[ended] += 1
+        for i, f in enumerate(fates):
+            by_pos.setdefault(i + 1, Counter())[f] += 1
+    total: Counter[str] = sum(by_pos.values(), Counter())
+    n_obj = sum(total.values())
+    return {"tasks": len(rows), "ended": {e: c / len(rows) for e, c in sorted(ends.items())},
+            "fates": {f: total[f] / n_obj for f in FATES},
+            "fates_by_objective": {str(p): {f: c[f] / sum(c.values()) for f in FATES} for p, c in sorted(by_pos.items())}}
+
+
+def job(name: str, seed: int | None, model: Path, root: Path) -> tuple[str, int | None, dict[str, Any]]:
+    import learning  # benchmarks/learning.py: the study's tasks, params and evaluation
+
+    learning._quiet()
+    inputs = learning.pipeline_inputs(root)
+    a = argparse.Namespace(eval_single=500, eval_k2=200, eval_k4=100)
+    tasks = {k: v for k, v in learning.test_tasks(inputs["world"], a).items() if k in SETS}
+    rows = learning.evaluate_rows(model, "memory", tasks, inputs["corpus"], "cpu")
+    by_id = {t.id: t for items in tasks.values() for t in items}
+    return name, seed, {s: fate_shares([r for r in rows if r["benchmark"] == s], by_id) for s in SETS}
+
+
+def models(a: argparse.Namespace) -> list[tuple[str, int | None, Path]]:
+    """(variant, seed, model folder): the pipeline's memory SFT, then every variant x seed."""
+    import learning
+
+    rl: list[tuple[str, int | None, Path]] = []
+    for v in a.variants:
+        for s in a.seeds:
+            found = [w / f"rl-{v}-seed{s}" / "model" for w in a.workdirs if (w / f"rl-{v}-seed{s}" / "model").is_dir()]
+            if not found:
+                raise MempoError(f"no rl-{v}-seed{s}/model in {', '.join(map(str, a.workdirs)) or '(no --workdirs)'}")
+            rl.append((v, s, found[0]))
+    return [("sft", None, learning.pipeline_inputs(a.from_pipeline)["sft-memory"]), *rl]
+
+
+def summarise(results: list[tuple[str, int | None, dict[str, Any]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(r[0] for r in results):
+        runs = [(seed, res) for n, seed, res in results if n == name]
+        per_set: dict[str, Any] = {}
+        for s in SETS:
+            def mean_of(get: Any, runs: list[tuple[int | None, dict[str, Any]]] = runs, s: str = s) -> float:
+                return statistics.fmean(get(res[s]) for _, res in runs)
+            keys = runs[0][1][s]
+            per_set[s] = {
+                "fates": {f: mean_of(lambda r, f=f: r["fates"][f]) for f in FATES},
+                "fates_by_objective": {p: {f: mean_of(lambda r, p=p, f=f: r["fates_by_objective"][p][f]) for f in FATES}
+                                       for p in keys["fates_by_objective"]},
+                "ended": {e: mean_of(lambda r, e=e: r["ended"].get(e, 0.0))
+                          for e in sorted({e for _, res in runs for e in res[s]["ended"]})},
+                "per_seed": {str(seed): res[s] for seed, res in runs},
+            }
+        out[name] = {"seeds": [seed for seed, _ in runs], **per_set}
+    return out
+
+
+def plot(summary: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = ["#4c9a2a", "#d62728", "#ff7f0e", "#9467bd", "#8c564b"]
+    fig, axes = plt.subplots(1, len(SETS), figsize=(5.5 * len(SETS), 4.2), sharey=True)
+    names = list(summary)
+    for ax, s in zip(axes, SETS, strict=True):
+        bottom = [0.0] * len(names)
+        for f, c in zip(FATES, colors, strict=True):
+            vals = [summary[n][s]["fates"][f] for n in names]
+            ax.bar(names, vals, bottom=bottom, color=c, label=f)
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        ax.set_title(f"world-{s}: each objective's answer")
+        ax.set_ylim(0, 1)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("share of objectives (mean over seeds)")
+    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
+    out = path.with_suffix(".png")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--from-pipeline", type=Path, required=True, metavar="ROOT",
+                    help="a finished make run (world, corpus, memory SFT checkpoint)")
+    ap.add_argument("--workdirs", type=Path, nargs="+", default=[],
+                    help="learning.py workdirs (…/pipeline) holding rl-<variant>-seed<s>/model")
+    ap.add_argument("--variants", nargs="*", default=["grpo", "mempo_half"])
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0])
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "objective_fates.json")
+    a = ap.parse_args(argv)
+    a.from_pipeline = a.from_pipeline.resolve()
+    try:
+        todo = models(a)
+    except MempoError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    results = []
+    with ProcessPoolExecutor(max_workers=a.jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(job, n, s, m, a.from_pipeline) for n, s, m in todo]
+        for i, fut in enumerate(futures, 1):
+            results.append(fut.result())
+            n, s, res = results[-1]
+            print(f"[{time.perf_counter() - t0:6.0f}s] {n} seed {s}: k2 " + ", ".join(
+                f"{f} {v:.2f}" for f, v in res["k2"]["fates"].items()) + f" ({i}/{len(todo)})", flush=True)
+    summary = summarise(results)
+    out = {"benchmark": "objective_fates", "sets": list(SETS), "fates": list(FATES),
+           "config": {"variants": a.variants, "seeds": a.seeds, "tasks": {"k2": 200, "k4": 100}, "greedy": True},
+           "results": summary, "total_seconds": round(time.perf_counter() - t0, 1)}
+    write_json(a.out, out)
+    png = plot(summary, a.out)
+    for n, r in summary.items():
+        for s in SETS:
+            print(f"{n:12s} {s}: " + ", ".join(f"{f} {v:.3f}" for f, v in r[s]["fates"].items())
+                  + " | ended " + ", ".join(f"{e} {v:.3f}" for e, v in r[s]["ended"].items()))
+    print(f"wrote {a.out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""`benchmarks/objective_fates.py`: each evaluated episode's end and objective fates from its
+sample row, and their shares and per-variant means, on hand-built rows (the evaluation itself is
+`mempo eval`'s code, tested in test_eval_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from benchmark_helpers import load_benchmark
+
+from mempo.errors import MempoError
+
+
+def fates_mod():
+    return load_benchmark("objective_fates")
+
+
+def _row(task: str, prediction: str, turns: list[tuple[str | None, str | None]], **extra):
+    return {"id": task, "benchmark": "k2", "prediction": prediction, "error": "", "hit_turn_limit": 0.0,
+            "transcript": json.dumps([{"memory": m, "observation": o} for m, o in turns]), **extra}
+
+
+TASKS = {"a": SimpleNamespace(answer_lists=[["Paris"], ["1900"]]),
+         "b": SimpleNamespace(answer_lists=[["Rome"], ["Oslo"]])}
+
+
+def test_row_fates_score_each_part_and_name_how_the_episode_ended():
+    m = fates_mod()
+    row = _row("a", "Paris; 1901", [("none yet", "... Paris ... 1900 ..."), ("Answer 1: Paris.", None)])
+    assert m.row_fates(row, [["Paris"], ["1900"]]) == ("answered", ["right", "retrieved, never in a memory"])
+    cut = _row("b", "", [("Answer 1: Rome.", "... Oslo ..."), ("Looking for the second.", None)], hit_turn_limit=1.0)
+    assert m.row_fates(cut, [["Rome"], ["Oslo"]]) == (
+        "turn limit", ["in a memory, then dropped", "retrieved, never in a memory"])
+
+
+def test_shares_are_over_objectives_and_episodes_and_means_over_seeds():
+    m = fates_mod()
+    rows = [_row("a", "Paris; 1900", [("Answer: Paris, 1900.", "... Paris 1900 ...")]),
+            _row("b", "Rome; Lima", [("Rome", "... Rome ...")])]
+    shares = m.fate_shares(rows, TASKS)
+    assert shares["tasks"] == 2 and shares["ended"] == {"answered": 1.0}
+    assert shares["fates"]["right"] == pytest.approx(0.75) and shares["fates"]["never retrieved"] == pytest.approx(0.25)
+    assert shares["fates_by_objective"]["2"]["never retrieved"] == pytest.approx(0.5)
+    assert sum(shares["fates"].values()) == pytest.approx(1.0)
+    other = m.fate_shares(rows[:1], TASKS)  # a second seed that solved all it saw
+    summary = m.summarise([("grpo", 0, {"k2": shares, "k4": shares}), ("grpo", 1, {"k2": other, "k4": other})])
+    assert summary["grpo"]["seeds"] == [0, 1]
+    assert summary["grpo"]["k2"]["fates"]["right"] == pytest.approx((0.75 + 1.0) / 2)
+    assert set(summary["grpo"]["k2"]["per_seed"]) == {"0", "1"}
+
+
+def test_a_missing_checkpoint_is_named(tmp_path):
+    m = fates_mod()
+    a = SimpleNamespace(from_pipeline=tmp_path, workdirs=[tmp_path / "w"], variants=["grpo"], seeds=[7])
+    with pytest.raises(MempoError, match="no rl-grpo-seed7/model in"):
+        m.models(a)
