@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from mempo.errors import MempoError  # noqa: E402
 from mempo.forgetting import FATES, MemoryStep, objective_fates  # noqa: E402
-from mempo.io import write_json  # noqa: E402
+from mempo.io import weights_sha256, write_json  # noqa: E402
 
 SETS = ("k2", "k4")
 
@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{f} {v:.2f}" for f, v in res["k2"]["fates"].items()) + f" ({i}/{len(todo)})", flush=True)
     summary = summarise(results)
     out = {"benchmark": "objective_fates", "sets": list(SETS), "fates": list(FATES),
-           "config": {"variants": a.variants, "seeds": a.seeds, "tasks": {"k2": 200, "k4": 100}, "greedy": True},
+           "config": {"variants": a.variants, "seeds": a.seeds, "tasks": {"k2": 200, "k4": 100}, "greedy": True,
+                      "start": {"memory": weights_sha256(todo[0][2])}},  # as learning.py's config.start
            "results": summary, "total_seconds": round(time.perf_counter() - t0, 1)}
     write_json(a.out, out)
     png = plot(summary, a.out)
