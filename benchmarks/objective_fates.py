@@ -41,15 +41,17 @@ SETS = ("k2", "k4")
 
 
 def row_fates(row: dict[str, Any], objectives: list[list[str]]) -> tuple[str, list[str]]:
-    """How one evaluated episode ended and each objective's fate (`objective_fates`)."""
+    """How one evaluated episode ended (`episode_outcome`'s limits, else "answered") and each
+    objective's fate (`objective_fates`)."""
+    from mempo.evaluation.outcomes import episode_outcome
     from mempo.rewards import multi_objective_scores
 
     turns = json.loads(row["transcript"]) if row.get("transcript") else []
     steps = [MemoryStep(t.get("memory"), t.get("observation")) for t in turns]
     prediction = row.get("prediction") or None
     correct = multi_objective_scores(prediction, objectives).per_objective
-    ended = ("context limit" if row.get("error") else "turn limit" if row.get("hit_turn_limit")
-             else "answered" if prediction else "no answer")
+    outcome = episode_outcome(row)
+    ended = outcome if outcome in ("context limit", "turn limit", "no answer") else "answered"
     return ended, objective_fates(objectives, steps, correct)
 
 
@@ -88,7 +90,7 @@ def models(a: argparse.Namespace) -> list[tuple[str, int | None, Path]]:
     rl: list[tuple[str, int | None, Path]] = []
     for v in a.variants:
         for s in a.seeds:
-            found = [w / f"rl-{v}-seed{s}" / "model" for w in a.workdirs if (w / f"rl-{v}-seed{s}" / "model").is_dir()]
+            found = [m for w in a.workdirs if (m := w / f"rl-{v}-seed{s}" / "model").is_dir()]
             if not found:
                 raise MempoError(f"no rl-{v}-seed{s}/model in {', '.join(map(str, a.workdirs)) or '(no --workdirs)'}")
             rl.append((v, s, found[0]))

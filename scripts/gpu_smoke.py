@@ -326,8 +326,8 @@ def run_smoke(device_name: str, work: Path, quick: bool, budget_s: float) -> dic
     for prm in ref.parameters():
         prm.requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=tp.lr)
-    setup = make_rollout_setup(retriever, tok, train_rollout(params))
     agent_t = train_rollout(params)
+    setup = make_rollout_setup(retriever, tok, agent_t)
     generator = make_generator(model, tok, agent_t.decoder, batch_size=tp.generation_batch_size,
                                prefix_cache_mb=agent_t.prefix_cache_mb)  # as the GRPO stage builds it
     temperature = agent.temperature if agent.temperature > 0 else 1.0
@@ -445,7 +445,6 @@ def compare_decoders(model: Any, tok: Any, prompts: list[list[int]], max_new: in
     sampling = SamplingParams(max_new_tokens=max_new, temperature=0.0, top_p=1.0, seed=None,
                               logprobs=False, stop=tuple(STOP_SEQUENCES))
     rows: dict[str, Any] = {}
-    identical = 0
     for bs in batches:
         out: dict[str, Any] = {}
         for kind in ("fast", "hf"):
@@ -460,13 +459,14 @@ def compare_decoders(model: Any, tok: Any, prompts: list[list[int]], max_new: in
             out[kind] = {"seconds": round(best, 4), "tokens": n_tok, "tokens_per_s": _rate(n_tok, best),
                          "ids": [g.token_ids for g in result]}
         same = sum(a == b for a, b in zip(out["fast"].pop("ids"), out["hf"].pop("ids"), strict=True))
-        identical = same if bs == batches[-1] else identical
         rows[str(bs)] = {**out, "identical_rows": same,
                          "speedup": round(out["hf"]["seconds"] / out["fast"]["seconds"], 2)
                          if out["fast"]["seconds"] > 0 else None}
+    largest = rows[str(batches[-1])]
     return {"prompts": len(prompts), "max_new_tokens": max_new, "batches": rows,
-            "speedup_at_largest_batch": rows[str(batches[-1])]["speedup"],
-            "greedy_identical": f"{identical}/{len(prompts)}", "peak_gpu_mib": meter.row()["peak_gpu_mib"]}
+            "speedup_at_largest_batch": largest["speedup"],
+            "greedy_identical": f"{largest['identical_rows']}/{len(prompts)}",
+            "peak_gpu_mib": meter.row()["peak_gpu_mib"]}
 
 
 def _version(module: str) -> str | None:
