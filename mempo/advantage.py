@@ -21,6 +21,10 @@ Standard deviations are the unbiased sample std (as verl's GRPO); a group of one
 (`last_turn_flags`): it is read by no later turn, and a memory written as the episode
 closes ("Answers: a1; a2.") scores high for the answers it has found, so scoring it
 credits closing, wrong parts included (docs/results.md, "Why MemPO answers early").
+`rm_max` (`mempo.rm_max`) caps R^M from above. With eps="full_context", rm_max=0 makes the
+memory reward a retention penalty: a memory can lose against the history it replaces (it
+dropped what the history holds) and never gain on it, so restating answers in a closing
+memory earns nothing over a memory that keeps an unfinished search's findings.
 """
 
 from __future__ import annotations
@@ -286,6 +290,7 @@ def memory_reward_from_scores(
     turn_index: torch.Tensor | Sequence[int],
     eps: EpsMode = "previous",
     full_context_scores: torch.Tensor | Sequence[float] | None = None,
+    rm_max: float | None = None,
 ) -> torch.Tensor:
     """R^M_{i,t} = S(mem_{i,t}) - eps_{i,t} from already computed scores S (P or mean log P).
 
@@ -297,9 +302,21 @@ def memory_reward_from_scores(
             no turn t-1 record (before the first memory); "full_context": eps_{i,t} =
             `full_context_scores`; "none": eps = 0.
         full_context_scores: S(a* | full history up to turn t), [M] (eps="full_context").
+        rm_max: upper bound of R^M (None = no bound): min(R^M, rm_max).
     Returns:
         float tensor [M].
     """
+    r = _memory_reward_unbounded(mem_scores, rollout_ids, turn_index, eps, full_context_scores)
+    return r if rm_max is None else r.clamp(max=float(rm_max))
+
+
+def _memory_reward_unbounded(
+    mem_scores: torch.Tensor | Sequence[float],
+    rollout_ids: GroupIds,
+    turn_index: torch.Tensor | Sequence[int],
+    eps: EpsMode,
+    full_context_scores: torch.Tensor | Sequence[float] | None,
+) -> torch.Tensor:
     s = torch.as_tensor(mem_scores, dtype=torch.float64).reshape(-1)
     if eps == "none":
         return s.float()
@@ -329,8 +346,9 @@ def memory_reward(
     form: RewardForm = "prob",
     batch_size: int = 16,
     packed: bool = True,
+    rm_max: float | None = None,
 ) -> torch.Tensor:
-    """R^M for each turn record: P(a* | q, mem_{i,t}) - eps_{i,t} (see module docstring).
+    """R^M for each turn record: P(a* | q, mem_{i,t}) - eps_{i,t}, at most `rm_max` (see module docstring).
 
     P comes from `answer_probability` on a prompt of only the question and that memory
     (`mempo.agent.format.answer_probe_messages`), rendered with the tokenizer's chat
@@ -368,7 +386,7 @@ def memory_reward(
             model, tokenizer, [t.full_context_prompt or "" for t in turns], answers, batch_size=batch_size,
             packed=packed))
     return memory_reward_from_scores(
-        mem_scores, [t.rollout_id for t in turns], [t.turn_index for t in turns], eps, full_scores)
+        mem_scores, [t.rollout_id for t in turns], [t.turn_index for t in turns], eps, full_scores, rm_max)
 
 
 def last_turn_flags(rollout_ids: GroupIds, turn_index: torch.Tensor | Sequence[int]) -> torch.Tensor:

@@ -110,6 +110,28 @@ def test_memory_reward_logprob_forms_hand_worked():
     assert r[2].item() == pytest.approx(0.0, abs=1e-6)
 
 
+def test_rm_max_zero_makes_the_memory_reward_a_retention_penalty_hand_worked():
+    """One task, one turn, three rollouts: a closing memory that restates the answers (log P
+    5 above the history's), a search's memory that keeps what it found (+2) and one that
+    dropped it (-1). Unbounded, A^M ranks closing first; with rm_max 0 closing and keeping
+    tie (0, 0, -1): mean -1/3, unbiased std sqrt(1/3), A^M (+0.57735, +0.57735, -1.154701)."""
+    mem, full = [-1.0, -4.0, -7.0], [-6.0, -6.0, -6.0]
+    rollouts, turns, groups = ["a", "b", "c"], [2, 2, 2], ["q", "q", "q"]
+    free = memory_reward_from_scores(mem, rollouts, turns, eps="full_context", full_context_scores=full)
+    assert free.tolist() == pytest.approx([5.0, 2.0, -1.0])
+    assert memory_advantage(free, groups, turns).argmax().item() == 0
+    capped = memory_reward_from_scores(mem, rollouts, turns, eps="full_context", full_context_scores=full,
+                                       rm_max=0.0)
+    assert capped.tolist() == pytest.approx([0.0, 0.0, -1.0])
+    assert memory_advantage(capped, groups, turns).tolist() == pytest.approx([0.57735, 0.57735, -1.154701], abs=1e-5)
+    # every memory at least as good as the history: no memory signal at all (the std floor)
+    none_lost = memory_reward_from_scores([-1.0, -4.0], ["a", "b"], [0, 0], eps="full_context",
+                                          full_context_scores=[-6.0, -6.0], rm_max=0.0)
+    assert memory_advantage(none_lost, ["q", "q"], [0, 0], min_std=0.01).tolist() == [0.0, 0.0]
+    # the cap applies to every baseline (here eps previous, scores 0.1 -> 0.4: +0.3 capped at 0.2)
+    assert memory_reward_from_scores([0.1, 0.4], ["a", "a"], [0, 1], rm_max=0.2).tolist() == pytest.approx([0.1, 0.2])
+
+
 def test_memory_advantage_per_group_and_unnormalised_hand_worked():
     r = memory_reward_from_scores(PROB, ROLLOUT, TURN, eps="previous")
     adv = memory_advantage(r, GROUP, TURN, group="per_group")

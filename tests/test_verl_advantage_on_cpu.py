@@ -62,9 +62,9 @@ def _local_advantages(eps, cfg: MempoAdvantageConfig) -> dict[tuple[str, int, in
     scores = [pick(eps[i]["turns"][t]["score"]) for i, t in records]
     full = [pick(eps[i]["turns"][t]["full"]) for i, t in records]
     r_m = memory_reward_from_scores(scores, [episodes[i].episode_id for i, _ in records], [t for _, t in records],
-                                    cfg.eps, full if cfg.eps == "full_context" else None)
+                                    cfg.eps, full if cfg.eps == "full_context" else None, cfg.rm_max)
     mempo = MempoParams(eps=cfg.eps, norm_by_std=cfg.norm_by_std, mem_adv_group=cfg.mem_adv_group,
-                        adv_eps=cfg.adv_eps, final_memory=cfg.final_memory)
+                        adv_eps=cfg.adv_eps, final_memory=cfg.final_memory, rm_max=cfg.rm_max)
     samples, _ = build_turn_samples(episodes, [e.item_id for e in episodes], [e["R"] for e in eps], r_m,
                                     cfg.lambda_mem, mempo)
     assert len(samples) == len(records)
@@ -108,6 +108,7 @@ def _verl_rows(eps, shuffle_seed: int = 1, padding_rows: int = 1):
     MempoAdvantageConfig(lambda_mem=0.5, eps="none", norm_by_std=False, mem_adv_group="per_group"),
     MempoAdvantageConfig(eps="previous", form="prob"),
     MempoAdvantageConfig(final_memory="skip"),
+    MempoAdvantageConfig(rm_max=0.0),  # the retention penalty
 ])
 def test_trainer_advantage_step_equals_local_trainer_advantages(cfg):
     from verl.protocol import DataProto

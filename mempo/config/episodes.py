@@ -96,6 +96,7 @@ class MempoParams(Section):
     adv_eps: float = Field(1e-6, gt=0.0)
     mem_adv_min_std: float = Field(0.01, ge=0.0)
     final_memory: Literal["score", "skip"] = "score"
+    rm_max: float | None = None
     format_rule: Literal["strict", "penalty", "ignore"] = "strict"
     format_penalty: float = Field(0.0, ge=0.0)
     multi_rule: Literal["all", "mean", "any"] = "all"

@@ -31,6 +31,8 @@ HYDRA_MEMPO_KEYS: dict[str, tuple[str, str, str]] = {
                                                     "about the same get A^M ~ 0"),
     "final_memory": ("mempo", "final_memory", "score | skip: each episode's last memory (read by no later turn) "
                                               "gets no A^M and is left out of its normalisation"),
+    "rm_max": ("mempo", "rm_max", "upper bound of the memory reward R^M (null = none); 0 with eps full_context: a "
+                                  "memory can lose against the history it replaces, never gain"),
     "max_turns": ("rollout", "max_turns", "turns per episode (params: rollout.max_turns)"),
     "max_new_tokens": ("rollout", "max_new_tokens", "tokens generated per turn (params: rollout.max_new_tokens); "
                                                     "also capped by data.max_response_length"),

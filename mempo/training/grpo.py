@@ -185,7 +185,7 @@ def load_tasks(data: str | Path, split: str, limit: int | None = None) -> list[A
 
 def episode_memory_rewards(model: Any, tokenizer: Any, episodes: Sequence[Any], mempo: Any, packed: bool = True) -> Any:
     """R^M (`mempo.advantage.memory_reward`) of every turn record of memory-agent `episodes`,
-    in episode / turn order, with `mempo`'s eps, form and probe batch size: float tensor [M].
+    in episode / turn order, with `mempo`'s eps, form, rm_max and probe batch size: float tensor [M].
     `packed`: probes sharing leading tokens run them once (benchmarks/memory_probe.py)."""
     import torch
 
@@ -202,7 +202,8 @@ def episode_memory_rewards(model: Any, tokenizer: Any, episodes: Sequence[Any], 
     records = [MemoryTurn(ep.episode_id, t.turn_index, ep.question, t.memory, ep.golden_answers[0], fp)
                for (ep, t), fp in zip(turns, full_prompts, strict=True)]
     with torch.no_grad():
-        return memory_reward(model, tokenizer, records, mempo.eps, mempo.form, mempo.probe_batch_size, packed)
+        return memory_reward(model, tokenizer, records, mempo.eps, mempo.form, mempo.probe_batch_size, packed,
+                             mempo.rm_max)
 
 
 def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in one place on purpose

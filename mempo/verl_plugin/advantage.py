@@ -55,6 +55,7 @@ class MempoAdvantageConfig:
         adv_eps: added to the std.
         mem_adv_min_std: floor of the std that divides A^M (see `mempo.advantage.memory_advantage`).
         final_memory: score | skip (each episode's last turn row gets no A^M).
+        rm_max: upper bound of R^M (None = none; 0 with eps full_context: a retention penalty).
     """
 
     lambda_mem: float = default_of(MempoParams, "lambda_mem")
@@ -65,6 +66,7 @@ class MempoAdvantageConfig:
     adv_eps: float = default_of(MempoParams, "adv_eps")
     mem_adv_min_std: float = default_of(MempoParams, "mem_adv_min_std")
     final_memory: FinalMemoryMode = default_of(MempoParams, "final_memory")
+    rm_max: float | None = default_of(MempoParams, "rm_max")
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any] | None) -> MempoAdvantageConfig:
@@ -148,7 +150,7 @@ def mempo_advantages(
         idx = torch.tensor(real, dtype=torch.long)
         full = full_context_scores[idx] if full_context_scores is not None else None
         r_m_real = memory_reward_from_scores(
-            mem_scores[idx], [episode_of_row[r] for r in real], turn_index[idx], config.eps, full)
+            mem_scores[idx], [episode_of_row[r] for r in real], turn_index[idx], config.eps, full, config.rm_max)
         skip = last_turn_flags([episode_of_row[r] for r in real], turn_index[idx]) \
             if config.final_memory == "skip" else None
         a_m_real = memory_advantage(
