@@ -16,7 +16,13 @@ tasks the seeds shared, not for new tasks. Studies that differ in a setting, sha
 start RL from different SFT checkpoints (`mempo.evaluation.studies.check_same_start`) are
 refused with the file and field named. Whether the gain grows with k: per seed, the
 k=4 difference minus the k=2 one (`k4_minus_k2`, seeds resampled). One study alone gives a pair its own summary
-did not compare (e.g. `--pair mempo_half full`). The two variants' reward trends (per-seed
+did not compare (e.g. `--pair mempo_half full`). A study run in parts, a variant trained later from
+the same start beside the baselines already run, is named `first.json+second.json` and reads as
+one study (`mempo.evaluation.studies.join_parts`: the same weights digest, settings and seeds):
+
+    .venv/bin/python benchmarks/learning_pool.py \
+        benchmarks/results/learning_rl120_start2.json+benchmarks/results/learning_rl120_retain.json \
+        --pair mempo_retain grpo The two variants' reward trends (per-seed
 slopes of the training reward, `mempo.evaluation.stats.curve_slopes`) pool too, where every
 study has them (a one-seed study from before them: from its curve). `--out` writes the JSON
 and beside it a forest plot of the pooled differences.
@@ -122,7 +128,8 @@ def plot(out: dict[str, Any], path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("studies", nargs="+", type=Path, help="learning.py --out files (one study alone: a pair its own summary did not compare)")
+    ap.add_argument("studies", nargs="+", type=Path, help="learning.py --out files (one study alone: a pair its own summary did not compare; "
+                         "a.json+b.json: the parts of one study)")
     ap.add_argument("--pair", nargs=2, required=True, metavar=("A", "B"), help="variants: the difference A - B")
     ap.add_argument("--bootstrap", type=int, default=2000)
     ap.add_argument("--out", type=Path, default=None,

@@ -173,3 +173,54 @@ def test_studies_from_different_sft_starts_are_refused(learning, lp, tmp_path, c
     out = lp.pool([lp.load_study(p, "mempo_half", "grpo") for p in (w1, third)], "mempo_half", "grpo", 50)
     assert out["seeds"] == [0, 1, 2, 3]
     assert json.loads(w1.read_text())["config"]["start"] == {"memory": "x-sft-memory", "full": "x-sft-full"}
+
+
+def test_a_variant_run_later_joins_its_baselines_study_and_pairs_with_them_on_their_seeds(learning, lp, tmp_path,
+                                                                                          capsys):
+    """`base.json+later.json`: the later part trained one more variant from the same start (same
+    weights digest, settings and seeds); it pairs task by task with the first part's baselines,
+    and the joined study pools with another joined study on other seeds."""
+    zeros = {s: [0.0, 0.0, 0.0, 0.0] for s in range(4)}
+    half = {s: [1.0, 0.0, 0.0, 0.0] for s in range(4)}
+    retain = {0: [1.0, 1.0, 0.0, 0.0], 1: [1.0, 1.0, 1.0, 0.0], 2: [0.0, 0.0, 0.0, 0.0], 3: [1.0, 0.0, 0.0, 0.0]}
+    base = write_study(learning, tmp_path / "base.json", [0, 1], {"grpo": zeros, "mempo_half": half}, start="x")
+    later = write_study(learning, tmp_path / "later.json", [0, 1], {"mempo_retain": retain}, start="x")
+    joined = f"{base}+{later}"
+    out_path = tmp_path / "retain_vs_grpo.json"
+    assert lp.main([joined, "--pair", "mempo_retain", "grpo", "--bootstrap", "200", "--out", str(out_path)]) == 0
+    out = json.loads(out_path.read_text())
+    assert out["seeds"] == [0, 1] and list(out["studies"]) == ["base.json+later.json"]
+    assert out["resampled"].startswith("seeds, then tasks")
+    d = out["pooled"]["k2/objective_em"]
+    assert d["mean"] == pytest.approx((0.5 + 0.75) / 2)
+    assert d == paired_bootstrap([dict(zip(["t0", "t1", "t2", "t3"], retain[s], strict=True)) for s in (0, 1)],
+                                 [{f"t{i}": 0.0 for i in range(4)}] * 2, 200)
+    vs_half = lp.pool([lp.load_study(joined, "mempo_retain", "mempo_half")], "mempo_retain", "mempo_half", 50)
+    assert vs_half["pooled"]["k4/em"]["mean"] == pytest.approx((0.25 + 0.5) / 2)
+    # two joined studies on other seeds pool like any two studies
+    base2 = write_study(learning, tmp_path / "b2" / "base2.json", [2, 3], {"grpo": zeros, "mempo_half": half},
+                        start="x")
+    later2 = write_study(learning, tmp_path / "b2" / "later2.json", [2, 3], {"mempo_retain": retain}, start="x")
+    both = lp.pool([lp.load_study(p, "mempo_retain", "grpo") for p in (joined, f"{base2}+{later2}")],
+                   "mempo_retain", "grpo", 50)
+    assert both["seeds"] == [0, 1, 2, 3] and both["pooled"]["k2/em"]["mean"] == pytest.approx((2 + 3 + 0 + 1) / 16)
+    # a part without its per-task file: the seeds only are resampled
+    learning.per_task_path(later2).unlink()
+    assert lp.load_study(f"{base2}+{later2}", "mempo_retain", "grpo")["per_task"] is None
+
+
+def test_parts_of_other_starts_settings_or_the_same_variant_do_not_join(learning, lp, tmp_path, capsys):
+    zeros = {s: [0.0, 0.0] for s in range(2)}
+    base = write_study(learning, tmp_path / "base.json", [0, 1], {"grpo": zeros, "mempo_half": zeros}, start="x")
+    other_start = write_study(learning, tmp_path / "o" / "later.json", [0, 1], {"mempo_retain": zeros}, start="y")
+    assert lp.main([f"{base}+{other_start}", "--pair", "mempo_retain", "grpo"]) == 2
+    assert "later.json: its RL start has weights sha256 of sft-" in capsys.readouterr().err
+    longer = write_study(learning, tmp_path / "l" / "later.json", [0, 1], {"mempo_retain": zeros}, rl_steps=2,
+                         start="x")
+    with pytest.raises(MempoError, match=r"later.json: config.rl_steps is 2, but .*base.json has 1: not parts of one"):
+        lp.load_study(f"{base}+{longer}", "mempo_retain", "grpo")
+    again = write_study(learning, tmp_path / "g" / "later.json", [0, 1], {"grpo": zeros}, start="x")
+    with pytest.raises(MempoError, match=r"later.json: variant 'grpo' is also in .*base.json"):
+        lp.load_study(f"{base}+{again}", "mempo_half", "grpo")
+    with pytest.raises(MempoError, match=r"missing.json: not a learning study result \(FileNotFoundError"):
+        lp.load_study(f"{base}+{tmp_path / 'missing.json'}", "mempo_half", "grpo")

@@ -2,6 +2,8 @@
 comparing: a study's settings, its seeds, per seed its values and, where the per-task file
 (`<study>.per_task.jsonl.gz`) is beside it, per task. Used by `benchmarks/learning_pool.py`
 (studies on other seeds) and `benchmarks/learning_budget.py` (the same seeds at another RL budget).
+A study run in parts (a variant trained later from the same start, beside the baselines already
+run) reads as one: `join_parts`, or a path argument `first.json+second.json`.
 
     st = load_study(Path("benchmarks/results/learning_rl120.json"), "mempo_half", "grpo")
     st["seeds"], st["per_seed"]["grpo"]["k4"]["objective_em"][seed], st["per_task"]
@@ -24,13 +26,20 @@ SAME = ("rl_steps", "batch_questions", "n_rollouts", "eval_tasks", "policy")  # 
 # `sft`, `sft_full`) on the same greedy test tasks, so one start gives the same numbers in every study.
 START_VARIANTS = ("sft", "sft_full")
 START_METRICS = ("em", "objective_em", "mean_prompt_tokens")
+PART_SEP = "+"  # joins the parts of one study in a path argument: first.json+second.json
 
 
 def load_study(path: Path, a: str, b: str) -> dict[str, Any]:
     """The study's settings, the seeds both variants ran, and per seed and set its per-seed
-    values (and per-task values, where its per-task file exists)."""
+    values (and per-task values, where its per-task file exists). `path` may name the parts of
+    one study joined by '+' (`join_parts`): `first.json+second.json`."""
+    parts = [Path(p) for p in str(path).split(PART_SEP)] if not Path(path).exists() else [Path(path)]
+    if len(parts) > 1:
+        study, per_task = join_parts(parts)
+        path = parts[0].parent / PART_SEP.join(p.name for p in parts)
+    else:
+        study, per_task = read_study(parts[0])
     try:
-        study = json.loads(path.read_text())
         seeds = study["config"]["seeds"]
         results = study["results"]
         for v in (a, b):
@@ -38,24 +47,86 @@ def load_study(path: Path, a: str, b: str) -> dict[str, Any]:
                 raise MempoError(f"{path}: no variant '{v}' (it has: {', '.join(sorted(seeds))})")
         per_seed = {v: {bench: {m: dict(zip(seeds[v], results[v][bench][m]["per_seed"], strict=True))
                                 for m in METRICS} for bench in BENCHES} for v in (a, b)}
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise MempoError(f"{path}: not a learning study result ({type(e).__name__}: {e})") from e
     common = [s for s in seeds[a] if s in seeds[b]]
-    side = path.with_suffix(".per_task.jsonl.gz")
-    per_task: dict[tuple[str, int, str], dict[str, dict[str, Any]]] | None = None
-    if side.exists():
-        per_task = {}
-        for n, row in iter_jsonl(side):  # malformed lines: DataError naming the file and line
-            try:
-                per_task.setdefault((row["variant"], int(row["seed"]), row["bench"]), {})[row["task"]] = row
-            except (ValueError, KeyError, TypeError) as e:
-                raise MempoError(f"{side}: row {n}: {type(e).__name__}: {e}") from e
+    if per_task is not None:
         missing = [f"{v} seed {s} {bench}" for v in (a, b) for s in common for bench in BENCHES
                    if (v, s, bench) not in per_task]
         if missing:
-            raise MempoError(f"{side}: no per-task rows for {', '.join(missing[:4])}")
+            where = per_task_file(parts[0]) if len(parts) == 1 else f"the per-task files of {path}"
+            raise MempoError(f"{where}: no per-task rows for {', '.join(missing[:4])}")
     return {"path": path, "config": study["config"], "seeds": common, "per_seed": per_seed, "per_task": per_task,
             "slopes": {v: reward_slopes(study, v) for v in (a, b)}, "start": start_signature(study)}
+
+
+PerTask = dict[tuple[str, int, str], dict[str, dict[str, Any]]]
+
+
+def per_task_file(path: Path) -> Path:
+    return path.with_suffix(".per_task.jsonl.gz")
+
+
+def read_study(path: Path) -> tuple[dict[str, Any], PerTask | None]:
+    """A study's summary JSON and, where its per-task file is beside it, its per-task rows by
+    (variant, seed, set) and task. Unreadable files: MempoError naming the file (and line)."""
+    try:
+        study = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise MempoError(f"{path}: not a learning study result ({type(e).__name__}: {e})") from e
+    if not isinstance(study, dict):
+        raise MempoError(f"{path}: not a learning study result (a JSON {type(study).__name__}, not an object)")
+    side = per_task_file(path)
+    if not side.exists():
+        return study, None
+    per_task: PerTask = {}
+    for n, row in iter_jsonl(side):  # malformed lines: DataError naming the file and line
+        try:
+            per_task.setdefault((row["variant"], int(row["seed"]), row["bench"]), {})[row["task"]] = row
+        except (ValueError, KeyError, TypeError) as e:
+            raise MempoError(f"{side}: row {n}: {type(e).__name__}: {e}") from e
+    return study, per_task
+
+
+def join_parts(paths: list[Path]) -> tuple[dict[str, Any], PerTask | None]:
+    """Parts of one study as one: studies run at different times from one RL start (the same SFT
+    weights, `check_same_start`) with the same settings (`SAME`), each training other RL
+    variants. Seed s of every variant saw the same task order and all were evaluated on the same
+    test tasks, so a variant added later pairs with the baselines already run, without training
+    them again. Each RL variant must come from one part; the first part's start evaluation and
+    settings stand for the whole. Per-task rows only where every part has its file."""
+    read = [(p, *read_study(p)) for p in paths]
+    first_path, first, first_tasks = read[0]
+    try:
+        config = {**first["config"], "seeds": dict(first["config"]["seeds"])}
+        results, trend = dict(first["results"]), dict(first.get("reward_trend") or {})
+        curves = dict(first.get("curves") or {})
+        owner = {v: first_path for v in config["seeds"]}
+        per_task = dict(first_tasks) if first_tasks is not None else None
+        for path, study, tasks in read[1:]:
+            for key in SAME:
+                if study["config"].get(key) != first["config"].get(key):
+                    raise MempoError(f"{path}: config.{key} is {study['config'].get(key)!r}, but {first_path} has "
+                                     f"{first['config'].get(key)!r}: not parts of one study")
+            check_same_start([{"path": first_path, "start": start_signature(first)},
+                              {"path": path, "start": start_signature(study)}])
+            for v, seeds in study["config"]["seeds"].items():
+                if v in owner:
+                    raise MempoError(f"{path}: variant '{v}' is also in {owner[v]}: a joined study takes each RL "
+                                     "variant from one part")
+                owner[v], config["seeds"][v], results[v] = path, seeds, study["results"][v]
+                if v in (study.get("reward_trend") or {}):
+                    trend[v] = study["reward_trend"][v]
+                if v in (study.get("curves") or {}):
+                    curves[v] = study["curves"][v]
+                if per_task is not None and tasks is not None:
+                    per_task.update({k: rows for k, rows in tasks.items() if k[0] == v})
+            if tasks is None:
+                per_task = None
+    except (KeyError, TypeError, AttributeError) as e:
+        raise MempoError(f"{PART_SEP.join(map(str, paths))}: not learning study results "
+                         f"({type(e).__name__}: {e})") from e
+    return {**first, "config": config, "results": results, "reward_trend": trend, "curves": curves}, per_task
 
 
 def start_signature(study: dict[str, Any]) -> dict[str, Any]:
