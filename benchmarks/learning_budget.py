@@ -38,7 +38,13 @@ from mempo.evaluation.stats import (  # noqa: E402
     pool_slopes,
     seed_bootstrap,
 )
-from mempo.evaluation.studies import BENCHES, METRICS, SAME, check_same_start, load_study  # noqa: E402
+from mempo.evaluation.studies import (  # noqa: E402
+    BENCHES,
+    METRICS,
+    check_same_settings,
+    check_same_start,
+    load_study,
+)
 from mempo.io import write_json  # noqa: E402
 
 Runs = list[dict[str, float | None]]
@@ -71,10 +77,8 @@ def _interval(a: Runs, b: Runs, two_level: bool, n_boot: int) -> dict[str, float
 
 def compare(long: dict[str, Any], short: dict[str, Any], variants: list[str], n_boot: int = 2000) -> dict[str, Any]:
     """Long - short per variant, and (two variants) the gap at each budget and its change."""
-    for key in SAME:
-        if key != "rl_steps" and long["config"].get(key) != short["config"].get(key):
-            raise MempoError(f"{long['path']}: config.{key} is {long['config'].get(key)!r}, but {short['path']} "
-                             f"has {short['config'].get(key)!r}: only the RL steps may differ")
+    check_same_settings(long["path"], long["config"], short["path"], short["config"], "only the RL steps may differ",
+                        but=("rl_steps",))
     check_same_start([long, short])
     steps = (long["config"]["rl_steps"], short["config"]["rl_steps"])
     if steps[0] <= steps[1]:

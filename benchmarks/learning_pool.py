@@ -48,17 +48,20 @@ from mempo.evaluation.stats import (  # noqa: E402
     seed_bootstrap,
     seed_contrast,
 )
-from mempo.evaluation.studies import BENCHES, METRICS, SAME, check_same_start, load_study  # noqa: E402
+from mempo.evaluation.studies import (  # noqa: E402
+    BENCHES,
+    METRICS,
+    check_same_settings,
+    check_same_start,
+    load_study,
+)
 from mempo.io import write_json  # noqa: E402
 
 
 def check_poolable(studies: list[dict[str, Any]]) -> None:
     first = studies[0]
     for st in studies[1:]:
-        for key in SAME:
-            if st["config"].get(key) != first["config"].get(key):
-                raise MempoError(f"{st['path']}: config.{key} is {st['config'].get(key)!r}, but "
-                                 f"{first['path']} has {first['config'].get(key)!r}: not the same experiment")
+        check_same_settings(st["path"], st["config"], first["path"], first["config"], "not the same experiment")
     check_same_start(studies)
     names = [st["path"].name for st in studies]
     if len(set(names)) < len(names):

@@ -104,10 +104,7 @@ def join_parts(paths: list[Path]) -> tuple[dict[str, Any], PerTask | None]:
         owner = {v: first_path for v in config["seeds"]}
         per_task = dict(first_tasks) if first_tasks is not None else None
         for path, study, tasks in read[1:]:
-            for key in SAME:
-                if study["config"].get(key) != first["config"].get(key):
-                    raise MempoError(f"{path}: config.{key} is {study['config'].get(key)!r}, but {first_path} has "
-                                     f"{first['config'].get(key)!r}: not parts of one study")
+            check_same_settings(path, study["config"], first_path, first["config"], "not parts of one study")
             check_same_start([{"path": first_path, "start": start_signature(first)},
                               {"path": path, "start": start_signature(study)}])
             for v, seeds in study["config"]["seeds"].items():
@@ -146,6 +143,16 @@ def start_signature(study: dict[str, Any]) -> dict[str, Any]:
         if digest:
             sig[f"weights sha256 of sft-{fmt}"] = digest
     return sig
+
+
+def check_same_settings(path: Path, config: dict[str, Any], first_path: Path, first: dict[str, Any],
+                        what: str, but: tuple[str, ...] = ()) -> None:
+    """Refuse a study whose settings (`SAME`, less the keys in `but`) differ from the first's;
+    `what` ends the message."""
+    for key in SAME:
+        if key not in but and config.get(key) != first.get(key):
+            raise MempoError(f"{path}: config.{key} is {config.get(key)!r}, but {first_path} has "
+                             f"{first.get(key)!r}: {what}")
 
 
 def check_same_start(studies: list[dict[str, Any]]) -> None:
