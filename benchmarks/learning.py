@@ -54,6 +54,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -135,15 +136,17 @@ def _params(overrides: dict[str, Any]) -> Any:
     return load_params(PARAMS, overrides)
 
 
-def pipeline_inputs(root: Path) -> dict[str, Path]:
-    """The inputs of a finished `make run` in `root`, at the paths params.yaml gives them."""
+def pipeline_inputs(root: Path, formats: Sequence[str] = tuple(AGENT_OF_FORMAT)) -> dict[str, Path]:
+    """The inputs of a finished `make run` in `root`, at the paths params.yaml gives them; of the
+    SFT checkpoints, those of `formats` (a study of memory-format variants only needs no
+    full-history checkpoint, so it can start while that SFT stage still runs)."""
     p = _params({})
     world = root / p.sft.world
+    sft = {"memory": root / p.sft.out / "model", "full": root / "outputs" / "sft_full" / "model"}  # dvc.yaml's
     inputs = {"world": world, "corpus": world / "corpus.jsonl", "data": root / p.data.out,
-              "policy": root / p.policy.out, "sft-memory": root / p.sft.out / "model",
-              "sft-full": root / "outputs" / "sft_full" / "model"}  # dvc.yaml's sft_full stage
+              "policy": root / p.policy.out, **{f"sft-{fmt}": sft[fmt] for fmt in formats}}
     # the SFT stages' metrics, read by the SFT jobs at the end: checked here, not an hour in
-    inputs |= {f"{k}-metrics": inputs[k].parent / "metrics.json" for k in ("sft-memory", "sft-full")}
+    inputs |= {f"sft-{fmt}-metrics": sft[fmt].parent / "metrics.json" for fmt in formats}
     missing = [f"{k}: {v}" for k, v in inputs.items() if not v.exists()]
     if missing:
         raise SystemExit(f"--from-pipeline {root}: missing (run `make run` there first): " + "; ".join(missing))
@@ -155,7 +158,7 @@ def prepare_inputs(a: argparse.Namespace) -> dict[str, Path]:
     episodes, each built once into the workdir (kept across runs); or a finished pipeline's
     (`--from-pipeline`)."""
     if a.from_pipeline:
-        return pipeline_inputs(Path(a.from_pipeline).resolve())
+        return pipeline_inputs(Path(a.from_pipeline).resolve(), start_formats(a))
     from mempo.data.prepare import prepare_data
     from mempo.policy.bootstrap import bootstrap_policy
     from mempo.world import generate_world
@@ -319,6 +322,12 @@ def job_untrained(a: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, A
             "eval_seconds": time.perf_counter() - t0}
 
 
+def start_formats(a: argparse.Namespace) -> list[str]:
+    """The SFT starts a study trains and evaluates: the memory format's always (the reference
+    start), the full-history one where a variant trains from it."""
+    return ["memory"] + (["full"] if any(RL_VARIANTS[v][0] == "full" for v in a.variants) else [])
+
+
 def seeds_of(a: argparse.Namespace, variant: str) -> list[int]:
     """The RL seeds of `variant`: --full-seeds for the full-history format, else --seeds."""
     return list(a.full_seeds if RL_VARIANTS[variant][0] == "full" else a.seeds)
@@ -369,8 +378,9 @@ def mean_outcomes(per_run: list[dict[str, float] | None]) -> dict[str, float] | 
 def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
     """The JSON written to `--out`: per variant and set, per-seed metrics with mean and std;
     paired differences with intervals; curves; timings."""
-    variants: dict[str, list[dict[str, Any]]] = {
-        "untrained": [results["untrained"]], "sft": [results["sft-memory"]], "sft_full": [results["sft-full"]]}
+    variants: dict[str, list[dict[str, Any]]] = {"untrained": [results["untrained"]], "sft": [results["sft-memory"]]}
+    if "sft-full" in results:  # studies of memory-format variants only leave it out (start_formats)
+        variants["sft_full"] = [results["sft-full"]]
     for v in a.variants:
         variants[v] = [results[f"rl-{v}-seed{s}"] for s in seeds_of(a, v)]
     table: dict[str, dict[str, dict[str, Any]]] = {}
@@ -450,7 +460,8 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                           + ("; a finished pipeline's (--from-pipeline)" if a.from_pipeline else ""),
                    "policy": "tiny (2 x 128 Qwen2, BPE 1.5k)", "device": a.device,
                    # which checkpoints RL started from (learning_pool.py / learning_budget.py compare it)
-                   "start": {fmt: results[f"sft-{fmt}"].get("weights_sha256") for fmt in AGENT_OF_FORMAT},
+                   "start": {fmt: results[f"sft-{fmt}"].get("weights_sha256") for fmt in AGENT_OF_FORMAT
+                             if f"sft-{fmt}" in results},
                    "numerics": numerics_tags()},
         "results": table,
         "paired": paired,
@@ -563,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     # The two SFT formats and the untrained policy first; each format's RL jobs start as soon
     # as its SFT checkpoint exists, so both cores stay busy.
     rl_jobs = rl_jobs_by_format(a)
-    first = [("sft", "sft-memory", "memory"), ("sft", "sft-full", "full"), ("untrained", "untrained")]
+    first = [("sft", f"sft-{fmt}", fmt) for fmt in start_formats(a)] + [("untrained", "untrained")]
     total = len(first) + sum(map(len, rl_jobs.values()))
     with ProcessPoolExecutor(max_workers=a.jobs, mp_context=mp.get_context("spawn")) as pool:
         def submit(job: tuple[Any, ...]) -> Future[tuple[str, Any]]:

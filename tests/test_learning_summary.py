@@ -160,6 +160,31 @@ def test_from_pipeline_reads_a_finished_run_and_names_what_is_missing(learning, 
     assert inputs["data"] == tmp_path / p.data.out and inputs["corpus"].name == "corpus.jsonl"
 
 
+def test_a_study_of_memory_format_variants_needs_and_reports_no_full_history_start(learning, tmp_path: Path) -> None:
+    """--variants mempo_retain: only the memory SFT start is required (a pipeline whose
+    full-history SFT stage still runs will do), evaluated and recorded; with `full` both are."""
+    a = learning._args(["--from-pipeline", str(tmp_path), "--variants", "mempo_retain", "--seeds", "0",
+                        "--rl-steps", "3", "--bootstrap", "50", "--workdir", str(tmp_path / "bench")])
+    assert learning.start_formats(a) == ["memory"]
+    assert learning.start_formats(learning._args(["--variants", "grpo", "full"])) == ["memory", "full"]
+    p = learning._params({})
+    for rel in (p.sft.world, p.data.out, p.policy.out, f"{p.sft.out}/model"):
+        (tmp_path / rel).mkdir(parents=True, exist_ok=True)
+    (tmp_path / p.sft.world / "corpus.jsonl").write_text("")
+    (tmp_path / p.sft.out / "metrics.json").write_text("{}")
+    inputs = learning.pipeline_inputs(tmp_path, learning.start_formats(a))
+    assert "sft-memory" in inputs and not any(k.startswith("sft-full") for k in inputs)
+    with pytest.raises(SystemExit, match="sft-full"):
+        learning.pipeline_inputs(tmp_path, ["memory", "full"])
+    sets = ("single", "k2", "k4")
+    results = {"untrained": _job({b: [0.0, 0.0] for b in sets}), "sft-memory": _job({b: [0.0, 1.0] for b in sets}),
+               "rl-mempo_retain-seed0": _job({b: [1.0, 1.0] for b in sets})}
+    results["sft-memory"]["weights_sha256"] = "abc"
+    out = learning.summarise(a, results)
+    assert list(out["results"]) == ["untrained", "sft", "mempo_retain"] and out["config"]["start"] == {"memory": "abc"}
+    assert out["results"]["mempo_retain"]["k2"]["em"]["mean"] == 1.0 and out["paired"] == {}
+
+
 def test_outcome_shares_average_over_seeds(learning):
     m = learning.mean_outcomes([{"correct": 0.5, "turn limit": 0.5}, {"correct": 0.25, "wrong": 0.75}])
     assert m == {"correct": 0.375, "wrong": 0.375, "turn limit": 0.25}
