@@ -22,10 +22,12 @@ one study (`mempo.evaluation.studies.join_parts`: the same weights digest, setti
 
     .venv/bin/python benchmarks/learning_pool.py \
         benchmarks/results/learning_rl120_start2.json+benchmarks/results/learning_rl120_retain.json \
-        --pair mempo_retain grpo The two variants' reward trends (per-seed
-slopes of the training reward, `mempo.evaluation.stats.curve_slopes`) pool too, where every
-study has them (a one-seed study from before them: from its curve). `--out` writes the JSON
-and beside it a forest plot of the pooled differences.
+        --pair mempo_retain grpo
+
+The two variants' reward trends (per-seed slopes of the training reward,
+`mempo.evaluation.stats.curve_slopes`) pool too, where every study has them (a one-seed study
+from before them: from its curve). `--out` writes the JSON and beside it a forest plot of the
+pooled differences.
 """
 
 from __future__ import annotations
