@@ -112,6 +112,49 @@ def test_fused_and_separate_step_matrices_both_decode_like_generate(tiny, tiny_w
                  FastGenerator(model, tok, batch_size=4).generate(prompts, sampling))
 
 
+def test_prefill_groups_cover_each_prompt_once_in_order():
+    from mempo.agent.engines import prefill_groups
+
+    assert prefill_groups([5, 5, 20, 1, 1], 10) == [(0, 2), (2, 3), (3, 5)]
+    assert prefill_groups([30], 10) == [(0, 1)]          # a prompt longer than a group is its own
+    assert prefill_groups([3, 3, 3], 100) == [(0, 3)]
+    assert prefill_groups([], 10) == []
+    sizes = [7, 1, 12, 4, 4, 4, 9, 2]
+    groups = prefill_groups(sizes, 8)
+    assert [r for a, b in groups for r in range(a, b)] == list(range(len(sizes)))
+    assert all(b - a == 1 or sum(sizes[a:b]) <= 8 for a, b in groups)
+
+
+@pytest.mark.parametrize("group_tokens", [1, 128, 10**9])
+def test_prefill_in_token_groups_decodes_like_generate(tiny, tiny_world, monkeypatch, group_tokens):
+    """Prefill runs the packed prompts through every layer a group of prompts at a time
+    (`PREFILL_GROUP_TOKENS`, so the activations stay in the CPU cache): one prompt per
+    group, a few per group or all in one give `generate()`'s greedy outputs, and the same
+    logits and cache within float rounding."""
+    import mempo.agent.engines as engines
+
+    model, tok = tiny
+    prompts = _prompts(tok, tiny_world)
+    capacity = max(map(len, prompts)) + 24
+    ref_engine = engines.LlamaEngine(model)
+    with torch.inference_mode():
+        ref_logits = ref_engine.prefill(prompts, capacity, 0)
+    monkeypatch.setattr(engines, "PREFILL_GROUP_TOKENS", group_tokens)
+    groups = engines.prefill_groups([len(p) for p in prompts], group_tokens)
+    assert len(groups) == {1: len(prompts), 128: len(groups), 10**9: 1}[group_tokens]
+    if group_tokens == 128:
+        assert 1 < len(groups) < len(prompts)
+    eng = engines.LlamaEngine(model)
+    with torch.inference_mode():
+        logits = eng.prefill(prompts, capacity, 0)
+    assert torch.allclose(logits, ref_logits, atol=1e-5)
+    for a, b in zip(eng.k + eng.v, ref_engine.k + ref_engine.v, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    sampling = SamplingParams(24, temperature=0.0, stop=tuple(STOP_SEQUENCES))
+    _assert_same(HFGenerator(model, tok, batch_size=16).generate(prompts, sampling),
+                 FastGenerator(model, tok, batch_size=16).generate(prompts, sampling))
+
+
 def test_per_row_budgets_and_joins_keep_each_row_its_own_output(tiny, tiny_world):
     model, tok = tiny
     prompts = _prompts(tok, tiny_world)
