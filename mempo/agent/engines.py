@@ -29,10 +29,12 @@ LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 # fused for decode steps (`LlamaEngine._fuse`): the tiny policy (0.4M), not SmolLM2-135M (70M).
 FUSE_MAX_ELEMENTS = 4_000_000
 
-# Prefill runs its packed prompts through every layer in groups of about this many tokens:
-# a group's activations stay in the CPU cache between the layer's matmuls and element-wise
-# kernels (the tiny policy's MLP over 7,300 tokens: 44 ms in one piece, 21 ms in groups of 1,024).
-# Each token's result is the same (each row of a matmul is its own dot product).
+# On the CPU, prefill runs its packed prompts through every layer in groups of about this many
+# tokens: a group's activations stay in the CPU cache between the layer's matmuls and
+# element-wise kernels (the tiny policy's MLP over 7,300 tokens: 44 ms in one piece, 21 ms in
+# groups of 1,024). A matmul over fewer rows may pick another kernel, so logits move by float
+# rounding (~4e-6 here); greedy outputs are tested identical to `generate()`. On an accelerator
+# the whole prefill is one group (no CPU cache to keep it in; smaller launches only cost).
 PREFILL_GROUP_TOKENS = 1024
 
 # A cached prompt prefix (`mempo.agent.prefix_cache`): n tokens, per layer keys and values
@@ -244,7 +246,8 @@ class LlamaEngine:
         h = self.model.model.embed_tokens(ids)                                # [T, D]
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]              # [T, 1, hd]
         outs = []
-        for r0, r1 in prefill_groups(new, PREFILL_GROUP_TOKENS):
+        group_tokens = PREFILL_GROUP_TOKENS if device.type == "cpu" else sum(new)
+        for r0, r1 in prefill_groups(new, group_tokens):
             a, b = bounds[r0][0], bounds[r1 - 1][1]
             outs.append(self._prefill_group(
                 layers, h[a:b], cos[a:b], sin[a:b], last[r0:r1] - a, r0, r1,
