@@ -140,10 +140,13 @@ def test_prefill_in_token_groups_decodes_like_generate(tiny, tiny_world, monkeyp
     with torch.inference_mode():
         ref_logits = ref_engine.prefill(prompts, capacity, 0)
     monkeypatch.setattr(engines, "PREFILL_GROUP_TOKENS", group_tokens)
-    groups = engines.prefill_groups([len(p) for p in prompts], group_tokens)
-    assert len(groups) == {1: len(prompts), 128: len(groups), 10**9: 1}[group_tokens]
-    if group_tokens == 128:
-        assert 1 < len(groups) < len(prompts)
+    n_groups = len(engines.prefill_groups([len(p) for p in prompts], group_tokens))
+    if group_tokens == 1:
+        assert n_groups == len(prompts)
+    elif group_tokens == 128:
+        assert 1 < n_groups < len(prompts)
+    else:
+        assert n_groups == 1
     eng = engines.LlamaEngine(model)
     with torch.inference_mode():
         logits = eng.prefill(prompts, capacity, 0)
