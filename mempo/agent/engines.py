@@ -225,7 +225,6 @@ class LlamaEngine:
                            device=device)
         pos = torch.cat([torch.arange(c, n) for c, n in zip(cached, lengths, strict=True)]).to(device)   # [T]
         ends = torch.tensor(new).cumsum(0)
-        last = (ends - 1).to(device)                                          # [B] last token of each
         bounds = [(int(e) - m, int(e)) for e, m in zip(ends, new, strict=True)]
         self._tables(width + capacity, dtype, device)
         shape = (bsz, self.n_kv, capacity, self.head_dim)
@@ -250,7 +249,7 @@ class LlamaEngine:
         for r0, r1 in prefill_groups(new, group_tokens):
             a, b = bounds[r0][0], bounds[r1 - 1][1]
             outs.append(self._prefill_group(
-                layers, h[a:b], cos[a:b], sin[a:b], last[r0:r1] - a, r0, r1,
+                layers, h[a:b], cos[a:b], sin[a:b], r0, r1,
                 [(x - a, y - a) for x, y in bounds[r0:r1]], lengths, width, masks))
         h = outs[0] if len(outs) == 1 else torch.cat(outs)                    # [B, D]
         self.layers = layers
@@ -260,13 +259,14 @@ class LlamaEngine:
         return self._logits(h)
 
     def _prefill_group(self, layers: list[tuple[Any, ...]], h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                       last: torch.Tensor, r0: int, r1: int,
+                       r0: int, r1: int,
                        bounds: list[tuple[int, int]], lengths: list[int], width: int,
                        masks: list[torch.Tensor | None]) -> torch.Tensor:
         """Every layer for prompts r0..r1-1, whose packed tokens are `h` [t, D] (`bounds`
-        their ranges in it, `last` their last tokens): writes their keys and values into the
-        cache and returns the last layer's output at their last tokens [r1 - r0, D]."""
+        their ranges in it): writes their keys and values into the cache and returns the last
+        layer's output at their last tokens [r1 - r0, D]."""
         total, bsz = h.shape[0], r1 - r0
+        last = torch.tensor([b - 1 for _, b in bounds], device=h.device)    # each prompt's last token
         hd, nh, nkv = self.head_dim, self.n_heads, self.n_kv
         for i, (ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, wu, wd) in enumerate(layers):
             x = _rms_norm(h, ln1, self.eps)
