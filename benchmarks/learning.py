@@ -4,6 +4,8 @@
     .venv/bin/python benchmarks/learning.py             # the protocol: 5 seeds (<= 2 h on 2 cores)
     .venv/bin/python benchmarks/learning.py --seeds 0 1 2 3 4 5 6 --rl-steps 120
     .venv/bin/python benchmarks/learning.py --from-pipeline .   # RL from `make run`'s SFT checkpoints
+    .venv/bin/python benchmarks/learning.py --start benchmarks/starts/c9cbcc85 --seeds 4 5
+        # RL from a committed SFT start (--save-start): the same weights on any machine
 
 Variants (every one trained from this repository's params.yaml, only the keys below changed):
 
@@ -109,9 +111,16 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                     help="start from a finished `make run` in ROOT (its world, RL data, policy and both SFT "
                          "checkpoints, trained from the same params.yaml) instead of building and training them "
                          "here; the SFT policies are then only evaluated")
+    ap.add_argument("--start", default=None, metavar="DIR",
+                    help="start RL from a saved SFT start (--save-start; e.g. benchmarks/starts/<sha>) instead of "
+                         "training SFT here: the same weights on any machine, so seeds run elsewhere pool")
+    ap.add_argument("--save-start", default=None, metavar="DIR",
+                    help="after the study, save its SFT checkpoints (with their hashes and the world's) to DIR")
     ap.add_argument("--workdir", default=str(REPO / "outputs" / "bench-learning"))
     ap.add_argument("--out", default=str(RESULTS / "learning.json"))
     a = ap.parse_args(argv)
+    if a.from_pipeline and a.start:
+        ap.error("--from-pipeline and --start both name the SFT start: give one")
     q = a.quick
     a.seeds = a.seeds or ([0, 1] if q else [0, 1, 2, 3, 4])
     a.full_seeds = a.full_seeds or a.seeds
@@ -123,7 +132,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     a.eval_k2 = a.eval_k2 or (30 if q else 200)
     a.eval_k4 = a.eval_k4 or (15 if q else 100)
     a.untrained_n = a.untrained_n or (10 if q else 50)
-    a.workdir = Path(a.workdir) / ("pipeline" if a.from_pipeline else "quick" if q else "full")
+    a.workdir = Path(a.workdir) / ("pipeline" if a.from_pipeline else f"start-{Path(a.start).resolve().name}"
+                                   if a.start else "quick" if q else "full")
     return a
 
 
@@ -156,7 +166,8 @@ def pipeline_inputs(root: Path, formats: Sequence[str] = tuple(AGENT_OF_FORMAT))
 def prepare_inputs(a: argparse.Namespace) -> dict[str, Path]:
     """World, RL data (the data stage's mixture), bootstrapped policy and the teacher's SFT
     episodes, each built once into the workdir (kept across runs); or a finished pipeline's
-    (`--from-pipeline`)."""
+    (`--from-pipeline`). With `--start` the SFT checkpoints are a saved start's (checked against
+    their recorded hashes and this world), and no teacher episodes are needed."""
     if a.from_pipeline:
         return pipeline_inputs(Path(a.from_pipeline).resolve(), start_formats(a))
     from mempo.data.prepare import prepare_data
@@ -179,10 +190,27 @@ def prepare_inputs(a: argparse.Namespace) -> dict[str, Path]:
     if not (policy / "config.json").exists():
         bootstrap_policy(_params({"policy.out": str(policy), "policy.corpus": str(corpus),
                                   "policy.questions": [str(world / "qa" / "train.jsonl")]}).policy)
+    common = {"world": world, "corpus": corpus, "data": data, "policy": policy}
+    if a.start:
+        return common | start_inputs(a, world)
     if not (teach / "train_episodes.jsonl").exists():
         _teacher_episodes(world, data, corpus, policy, teach)
     return {"world": world, "corpus": corpus, "data": data, "policy": policy, "teacher": teach,
             **{f"sft-{fmt}": w / f"sft-{fmt}" / "model" for fmt in AGENT_OF_FORMAT}}  # trained by job_sft
+
+
+def start_inputs(a: argparse.Namespace, world: Path) -> dict[str, Path]:
+    """`--start`: the saved start's checkpoints and SFT metrics of the formats the study needs,
+    checked against their recorded hashes and `world`; a mismatch stops the study, named."""
+    from mempo.errors import DataError
+    from mempo.training.starts import load_start
+
+    try:
+        start = load_start(a.start, start_formats(a), world)
+    except DataError as e:
+        raise SystemExit(f"--start: {e.one_line()}") from e
+    return {f"sft-{fmt}{sfx}": s[key] for fmt, s in start.items() for sfx, key in (("", "model"),
+                                                                                    ("-metrics", "metrics"))}
 
 
 def _teacher_episodes(world: Path, data: Path, corpus: Path, policy: Path, out: Path) -> None:
@@ -260,14 +288,14 @@ def _nan(x: Any) -> bool:
 
 
 def job_sft(context: str, a: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
-    """SFT of one format from the shared teacher episodes (with `--from-pipeline`: the
-    pipeline's checkpoint, not retrained); then evaluated."""
+    """SFT of one format from the shared teacher episodes (with `--from-pipeline` or `--start`:
+    that checkpoint, not retrained); then evaluated."""
     _quiet()
     from mempo.training.sft import run_sft
 
     model = inputs[f"sft-{context}"]
     t0 = time.perf_counter()
-    if a.from_pipeline:
+    if a.from_pipeline or a.start:
         m, train_s = json.loads(inputs[f"sft-{context}-metrics"].read_text()), None
     else:
         m = run_sft(_params({
@@ -457,7 +485,8 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                    "batch_questions": a.batch_questions, "n_rollouts": a.n_rollouts,
                    "eval_tasks": {b: table["sft"][b]["n"] for b in BENCHES}, "untrained_tasks": a.untrained_n,
                    "sft": "one checkpoint per format (seed 0), shared by the RL seeds"
-                          + ("; a finished pipeline's (--from-pipeline)" if a.from_pipeline else ""),
+                          + ("; a finished pipeline's (--from-pipeline)" if a.from_pipeline else "")
+                          + (f"; a saved start's (--start {a.start})" if a.start else ""),
                    "policy": "tiny (2 x 128 Qwen2, BPE 1.5k)", "device": a.device,
                    # which checkpoints RL started from (learning_pool.py / learning_budget.py compare it)
                    "start": {fmt: results[f"sft-{fmt}"].get("weights_sha256") for fmt in AGENT_OF_FORMAT
@@ -580,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
         def submit(job: tuple[Any, ...]) -> Future[tuple[str, Any]]:
             return pool.submit(_run_job, job[0], job[1], a, inputs, *job[2:])
 
-        if a.from_pipeline:  # the SFT checkpoints exist: RL starts at once, the slow full-history jobs first
+        if a.from_pipeline or a.start:  # the SFT checkpoints exist: RL starts at once, the slow full-history jobs first
             first = rl_jobs.pop("full") + first + rl_jobs.pop("memory")
         pending = {submit(j) for j in first}
         while pending:
@@ -604,7 +633,25 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out_path, out)
     print_table(out)
     print(f"wrote {out_path} ({out['total_seconds']:.0f}s)")
+    if a.save_start:
+        save_study_start(a, inputs)
     return 0
+
+
+def save_study_start(a: argparse.Namespace, inputs: dict[str, Path]) -> Path:
+    """`--save-start`: the study's SFT checkpoints as a start other machines can run from."""
+    from mempo.tracking.lineage import git_commit, numerics_tags
+    from mempo.training.starts import save_start
+
+    commit, dirty = git_commit(REPO)
+    checkpoints = {fmt: (inputs[f"sft-{fmt}"], inputs.get(f"sft-{fmt}-metrics", inputs[f"sft-{fmt}"].parent
+                                                           / "metrics.json")) for fmt in start_formats(a)}
+    record = save_start(a.save_start, checkpoints, inputs["world"],
+                        note={"numerics_at_save": numerics_tags(), "params": str(PARAMS.relative_to(REPO)),
+                              "saved_at_commit": commit + ("+dirty" if dirty else "")})
+    print(f"saved the SFT start to {a.save_start}: " + ", ".join(
+        f"{fmt} {r['weights_sha256'][:12]}" for fmt, r in record["formats"].items()))
+    return Path(a.save_start)
 
 
 if __name__ == "__main__":
