@@ -24,6 +24,15 @@ one study (`mempo.evaluation.studies.join_parts`: the same weights digest, setti
         benchmarks/results/learning_rl120_start2.json+benchmarks/results/learning_rl120_retain.json \
         --pair mempo_retain grpo
 
+Studies from different SFT starts are refused unless `--across-starts`: then each start's
+seeds are resampled within that start (a stratified bootstrap). The pooled mean weighs every
+seed alike, and the interval is for these starts with their numbers of seeds, not for a new
+start. The output lists each start's own means:
+
+    .venv/bin/python benchmarks/learning_pool.py benchmarks/results/learning_rl300.json \
+        benchmarks/results/learning_rl300_seeds1_4.json benchmarks/results/learning_rl300_seed5.json \
+        benchmarks/results/learning_rl300_start3.json --pair mempo_half grpo --across-starts
+
 The two variants' reward trends (per-seed slopes of the training reward,
 `mempo.evaluation.stats.curve_slopes`) pool too, where every study has them (a one-seed study
 from before them: from its curve). `--out` writes the JSON and beside it a forest plot of the
@@ -48,73 +57,116 @@ from mempo.evaluation.stats import (  # noqa: E402
     paired_bootstrap,
     pool_slopes,
     seed_bootstrap,
-    seed_contrast,
 )
 from mempo.evaluation.studies import (  # noqa: E402
     BENCHES,
     METRICS,
     check_same_settings,
     check_same_start,
+    group_by_start,
     load_study,
 )
 from mempo.io import write_json  # noqa: E402
 
 
-def check_poolable(studies: list[dict[str, Any]]) -> None:
+def check_poolable(studies: list[dict[str, Any]], across_starts: bool = False) -> list[list[dict[str, Any]]]:
+    """Refuse studies that are not one experiment; returns them grouped by RL start (one group
+    unless `across_starts`). Seeds must be distinct within a start: seed s from another start is
+    another run."""
     first = studies[0]
     for st in studies[1:]:
         check_same_settings(st["path"], st["config"], first["path"], first["config"], "not the same experiment")
-    check_same_start(studies)
+    groups = group_by_start(studies) if across_starts else [studies]
+    if not across_starts:
+        try:
+            check_same_start(studies)
+        except MempoError as e:
+            raise MempoError(f"{e}, or pool across starts with --across-starts") from e
     names = [st["path"].name for st in studies]
     if len(set(names)) < len(names):
         raise MempoError(f"two studies share a file name ({', '.join(names)}): the output names them by it")
-    seen: dict[int, Path] = {}
-    for st in studies:
-        for s in st["seeds"]:
-            if s in seen:
-                raise MempoError(f"{st['path']}: seed {s} is also in {seen[s]}: pooled seeds must be distinct")
-            seen[s] = st["path"]
+    for group in groups:
+        seen: dict[int, Path] = {}
+        for st in group:
+            for s in st["seeds"]:
+                if s in seen:
+                    raise MempoError(f"{st['path']}: seed {s} is also in {seen[s]}: pooled seeds of one start "
+                                     "must be distinct")
+                seen[s] = st["path"]
+    return groups
 
 
-def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000) -> dict[str, Any]:
-    check_poolable(studies)
+def start_label(group: list[dict[str, Any]], i: int) -> str:
+    """A start's short name: its memory checkpoint's weights digest, else its position."""
+    digest = next((st["start"]["weights sha256 of sft-memory"] for st in group
+                   if st["start"].get("weights sha256 of sft-memory")), None)
+    return digest[:8] if digest else f"start{i + 1}"
+
+
+def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000,
+         across_starts: bool = False) -> dict[str, Any]:
+    """The pooled paired difference a - b. `across_starts`: studies from different SFT starts
+    pool too, each seed resampled within its start (stratified): the interval is for these
+    starts, not for a new one."""
+    groups = check_poolable(studies, across_starts)
     two_level = all(st["per_task"] is not None for st in studies)
-    seeds = [s for st in studies for s in st["seeds"]]
-    out: dict[str, Any] = {"pair": [a, b], "seeds": seeds,
-                           "resampled": "seeds, then tasks within a seed" if two_level else "seeds only",
+    # the pooled units: (start, seed, study), start by start
+    units = [(g, s, st) for g, group in enumerate(groups) for st in group for s in st["seeds"]]
+    labels = [start_label(group, g) for g, group in enumerate(groups)]
+    strata = [g for g, _, _ in units]
+    several = len(groups) > 1
+    out: dict[str, Any] = {"pair": [a, b],
+                           "seeds": [f"{labels[g]}/{s}" if several else s for g, s, _ in units],
+                           "resampled": ("seeds, then tasks within a seed" if two_level else "seeds only")
+                                        + ("; each seed within its start" if several else ""),
                            "studies": {}, "pooled": {}}
-    seed_diffs: dict[str, dict[int, float]] = {}
+    if across_starts:
+        out["starts"] = {labels[g]: {"studies": [st["path"].name for st in group],
+                                     "seeds": [s for st in group for s in st["seeds"]]}
+                         for g, group in enumerate(groups)}
+    unit_diffs: dict[str, dict[int, float]] = {}
     for st in studies:
         out["studies"][st["path"].name] = {"seeds": st["seeds"], "per_task": st["per_task"] is not None}
     for bench in BENCHES:
         for m in METRICS:
             key = f"{bench}/{m}"
             diffs = {}
+            for i, (_, s, st) in enumerate(units):
+                va, vb = st["per_seed"][a][bench][m].get(s), st["per_seed"][b][bench][m].get(s)
+                if va is not None and vb is not None:
+                    diffs[i] = va - vb
+            unit_diffs[key] = diffs
             for st in studies:
-                for s in st["seeds"]:
-                    va, vb = st["per_seed"][a][bench][m].get(s), st["per_seed"][b][bench][m].get(s)
-                    if va is not None and vb is not None:
-                        diffs[s] = va - vb
-            seed_diffs[key] = diffs
-            for st in studies:
-                d = [diffs[s] for s in st["seeds"] if s in diffs]
+                d = [diffs[i] for i, (_, _, u) in enumerate(units) if u is st and i in diffs]
                 out["studies"][st["path"].name][key] = statistics.fmean(d) if d else None
+            if across_starts:
+                for g, name in enumerate(labels):
+                    d = [diffs[i] for i in diffs if strata[i] == g]
+                    out["starts"][name][key] = statistics.fmean(d) if d else None
             if two_level:
-                runs = {v: [{t: r[m] for t, r in st["per_task"][(v, s, bench)].items()}
-                            for st in studies for s in st["seeds"]] for v in (a, b)}
-                out["pooled"][key] = paired_bootstrap(runs[a], runs[b], n_boot)
+                runs = {v: [{t: r[m] for t, r in st["per_task"][(v, s, bench)].items()} for _, s, st in units]
+                        for v in (a, b)}
+                out["pooled"][key] = paired_bootstrap(runs[a], runs[b], n_boot, strata=strata)
             else:
-                out["pooled"][key] = seed_bootstrap([diffs[s] for s in seeds if s in diffs], n_boot)
+                out["pooled"][key] = seed_bootstrap(list(diffs.values()), n_boot,
+                                                    strata=[strata[i] for i in diffs])
     # is the gain larger on the longer tasks? per seed, (A - B at k4) - (A - B at k2); seeds
     # resampled (the k2 and k4 tasks differ, so there is no task pairing to resample)
     out["k4_minus_k2"] = {}
     for m in ("objective_em", "forgetting_rate"):
-        out["k4_minus_k2"][m] = seed_contrast(seed_diffs[f"k4/{m}"], seed_diffs[f"k2/{m}"], n_boot)
+        hi, lo = unit_diffs[f"k4/{m}"], unit_diffs[f"k2/{m}"]
+        both = [i for i in hi if i in lo]
+        out["k4_minus_k2"][m] = seed_bootstrap([hi[i] - lo[i] for i in both], n_boot,
+                                               strata=[strata[i] for i in both])
+        if across_starts:
+            for g, name in enumerate(labels):
+                d = [hi[i] - lo[i] for i in both if strata[i] == g]
+                out["starts"][name][f"k4_minus_k2/{m}"] = statistics.fmean(d) if d else None
     # has each variant's training reward stopped rising? (per-seed slopes, all studies' seeds)
     out["reward_trend"] = {}
     for v in (a, b):
         if all(st["slopes"][v] is not None for st in studies):
-            per = [st["slopes"][v][s] for st in studies for s in st["seeds"] if s in st["slopes"][v]]
+            per = [st["slopes"][v][s] for _, s, st in units if s in st["slopes"][v]]
             out["reward_trend"][v] = {"seeds": len(per), **pool_slopes(per, n_boot)}
     return out
 
@@ -137,22 +189,29 @@ def main(argv: list[str] | None = None) -> int:
                          "a.json+b.json: the parts of one study)")
     ap.add_argument("--pair", nargs=2, required=True, metavar=("A", "B"), help="variants: the difference A - B")
     ap.add_argument("--bootstrap", type=int, default=2000)
+    ap.add_argument("--across-starts", action="store_true",
+                    help="pool studies from different SFT starts too, resampling each seed within its start "
+                         "(the interval is for these starts; without it, studies of another start are refused)")
     ap.add_argument("--out", type=Path, default=None,
                     help="write the pooled comparison here (JSON), and beside it the forest plot (.png)")
     args = ap.parse_args(argv)
     try:
         a, b = args.pair
-        out = pool([load_study(p, a, b) for p in args.studies], a, b, args.bootstrap)
+        out = pool([load_study(p, a, b) for p in args.studies], a, b, args.bootstrap, args.across_starts)
     except MempoError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{a} - {b}, {len(out['seeds'])} seeds ({out['resampled']} resampled)")
+    print(f"{a} - {b}, {len(out['seeds'])} seeds (resampled: {out['resampled']})")
     for key, d in out["pooled"].items():
         if d is not None:
             per = "  ".join(f"{v[key]:+.3f}" if v.get(key) is not None else "-" for v in out["studies"].values())
             print(f"  {key:<24} {format_interval(d)}   per study: {per}")
     for m, d in out["k4_minus_k2"].items():
         print(f"  {'gain k4 - gain k2, ' + m:<24} {format_interval(d)}   (seeds resampled)")
+    for name, st in (out.get("starts") or {}).items():
+        print(f"  start {name}: {len(st['seeds'])} seeds, k2 / k4 objective EM "
+              + " / ".join("-" if st.get(k) is None else f"{st[k]:+.3f}" for k in ("k2/objective_em", "k4/objective_em"))
+              + f", gain k4 - gain k2 {st['k4_minus_k2/objective_em']:+.3f}")
     for v, t in out["reward_trend"].items():
         print(f"  reward slope /100 steps  {v:<11} {format_trend(t)} ({t['seeds']} seeds)")
     if args.out:

@@ -86,3 +86,25 @@ def test_pooled_slopes_say_rising_flat_or_undecided_from_the_late_interval():
     assert slopes_over_seeds({0: [0.1]}, 50)["verdict"] is None
     one = slopes_over_seeds({0: [0.01 * i for i in range(20)]}, 50)  # rising, but one seed has no interval
     assert one["late"]["mean"] == pytest.approx(1.0) and one["verdict"] == "undecided"
+
+
+def test_strata_resample_seeds_within_their_start_and_one_stratum_draws_as_none():
+    """Seeds of two starts: stratified, every replicate keeps each start's seed count, so a
+    start whose seeds all agree adds no width; with one label the draws are the unstratified ones."""
+    from mempo.evaluation.stats import seed_bootstrap
+
+    diffs = [0.0, 0.0, 0.0, 1.0, 1.0]
+    free = seed_bootstrap(diffs, 500)
+    strat = seed_bootstrap(diffs, 500, strata=["a", "a", "a", "b", "b"])
+    assert strat["mean"] == free["mean"] == pytest.approx(0.4) and strat["strata"] == 2 and "strata" not in free
+    assert strat["ci95_low"] == strat["ci95_high"] == pytest.approx(0.4)  # 3 x 0 and 2 x 1 in every replicate
+    assert free["ci95_high"] - free["ci95_low"] > 0.3
+    assert seed_bootstrap(diffs, 500, strata=["x"] * 5) == free
+    rng = random.Random(3)
+    a = [{f"t{i}": float(rng.random() < 0.6) for i in range(30)} for _ in range(4)]
+    b = [{f"t{i}": float(rng.random() < 0.4) for i in range(30)} for _ in range(4)]
+    assert paired_bootstrap(a, b, 300, strata=[1, 1, 1, 1]) == paired_bootstrap(a, b, 300)
+    two = paired_bootstrap(a, b, 300, strata=[1, 1, 2, 2])
+    assert two["strata"] == 2 and two["mean"] == paired_bootstrap(a, b, 300)["mean"]
+    with pytest.raises(ValueError, match="one label per seed"):
+        seed_bootstrap(diffs, 10, strata=["a"])

@@ -224,3 +224,33 @@ def test_parts_of_other_starts_settings_or_the_same_variant_do_not_join(learning
         lp.load_study(f"{base}+{again}", "mempo_half", "grpo")
     with pytest.raises(MempoError, match=r"missing.json: not a learning study result \(FileNotFoundError"):
         lp.load_study(f"{base}+{tmp_path / 'missing.json'}", "mempo_half", "grpo")
+
+
+def test_across_starts_pools_each_start_s_seeds_within_it(learning, lp, tmp_path, capsys):
+    """--across-starts: studies of two starts (one of them in two files), seed numbers reused
+    across starts; each start keeps its seeds in every replicate, and its own means are listed."""
+    g = {0: [1.0, 0.0], 1: [1.0, 0.0], 2: [1.0, 0.0]}  # +0.5 on every set, every seed of start x
+    x1 = write_study(learning, tmp_path / "a" / "x1.json", [0, 1],
+                     {"grpo": {s: [0.0, 0.0] for s in (0, 1)}, "mempo_half": g}, start="x")
+    x2 = write_study(learning, tmp_path / "b" / "x2.json", [2],
+                     {"grpo": {2: [0.0, 0.0]}, "mempo_half": g}, start="x")
+    y = write_study(learning, tmp_path / "c" / "y.json", [0, 1],  # seeds 0, 1 again: other runs
+                    {"grpo": {s: [0.0, 0.0] for s in (0, 1)}, "mempo_half": {s: [0.0, 0.0] for s in (0, 1)}},
+                    start="y")
+    studies = [lp.load_study(p, "mempo_half", "grpo") for p in (x1, y, x2)]
+    with pytest.raises(MempoError, match="different SFT checkpoints.*--across-starts"):
+        lp.pool(studies, "mempo_half", "grpo", 50)
+    out = lp.pool(studies, "mempo_half", "grpo", 300, across_starts=True)
+    assert out["seeds"] == ["x-sft-me/0", "x-sft-me/1", "x-sft-me/2", "y-sft-me/0", "y-sft-me/1"]
+    assert out["starts"]["x-sft-me"]["studies"] == ["x1.json", "x2.json"] and out["starts"]["y-sft-me"]["seeds"] == [0, 1]
+    assert out["starts"]["x-sft-me"]["k4/objective_em"] == 0.5 and out["starts"]["y-sft-me"]["k4/objective_em"] == 0.0
+    d = out["pooled"]["k2/objective_em"]
+    # 3 seeds at +0.5 (tasks 1 and 0 resampled) and 2 at 0: the mean 0.3, never above 0.5 * 3/5
+    assert d["mean"] == pytest.approx(0.3) and d["strata"] == 2 and d["ci95_high"] <= 0.6 + 1e-9
+    assert out["resampled"].endswith("each seed within its start")
+    dup = write_study(learning, tmp_path / "d" / "x3.json", [1],
+                      {"grpo": {1: [0.0, 0.0]}, "mempo_half": g}, start="x")
+    with pytest.raises(MempoError, match="seed 1 is also in .*x1.json: pooled seeds of one start"):
+        lp.pool(studies + [lp.load_study(dup, "mempo_half", "grpo")], "mempo_half", "grpo", 50, across_starts=True)
+    assert lp.main([str(x1), str(y), str(x2), "--pair", "mempo_half", "grpo", "--across-starts"]) == 0
+    assert "start x-sft-me: 3 seeds" in capsys.readouterr().out

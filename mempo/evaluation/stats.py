@@ -13,6 +13,10 @@ Where only per-seed values survive (studies from before the per-task files),
 `seed_bootstrap(diffs)` resamples the per-seed differences alone: its interval speaks for the
 task set the seeds were evaluated on, not for new tasks.
 
+Seeds from different SFT starts (`strata`, one label per seed) are resampled within their own
+start: the interval is then for these starts, each with its number of seeds, and the draws with
+one stratum are exactly those without one.
+
 `curve_slopes(rewards)` says whether a training curve has flattened: the least-squares slope
 of its first and second half, per 100 steps; `pool_slopes` pools them over seeds.
 """
@@ -21,7 +25,23 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+
+
+def _strata(labels: Sequence[Hashable]) -> list[list[int]]:
+    """The positions of each label's items, labels in order of first appearance."""
+    groups: dict[Hashable, list[int]] = {}
+    for i, label in enumerate(labels):
+        groups.setdefault(label, []).append(i)
+    return list(groups.values())
+
+
+def _check_strata(strata: Sequence[Hashable] | None, n: int) -> Sequence[Hashable]:
+    if strata is None:
+        return [0] * n
+    if len(strata) != n:
+        raise ValueError(f"{len(strata)} strata labels for {n} seeds: one label per seed")
+    return strata
 
 
 def paired_bootstrap(
@@ -29,33 +49,44 @@ def paired_bootstrap(
     b_runs: Sequence[Mapping[str, float | None]],
     n_boot: int = 2000,
     seed: int = 0,
+    strata: Sequence[Hashable] | None = None,
 ) -> dict[str, float] | None:
     """Mean over seeds of the mean per-task difference a - b, with a 95% percentile interval.
 
     Tasks missing from either side, or valued None, are skipped. Returns None when no seed
-    has a task in common. Keys: mean, ci95_low, ci95_high, seeds, tasks_per_seed.
+    has a task in common. `strata`: one label per seed (its SFT start); seeds are resampled
+    within their label. Keys: mean, ci95_low, ci95_high, seeds, tasks_per_seed (and strata,
+    where there are several).
     """
     if len(a_runs) != len(b_runs):
         raise ValueError(f"{len(a_runs)} runs of a but {len(b_runs)} of b: seeds must pair")
+    labels = _check_strata(strata, len(a_runs))
     pairs: list[list[float]] = []
-    for ra, rb in zip(a_runs, b_runs, strict=True):
+    kept: list[Hashable] = []
+    for ra, rb, label in zip(a_runs, b_runs, labels, strict=True):
         diffs = [float(va) - float(vb) for t, va in ra.items()
                  if va is not None and (vb := rb.get(t)) is not None]
         if diffs:
             pairs.append(diffs)
+            kept.append(label)
     if not pairs:
         return None
     rng = random.Random(seed)
+    where = _strata(kept)
 
     def mean_of(groups: Sequence[Sequence[float]]) -> float:
         return statistics.fmean(statistics.fmean(g) for g in groups)
 
     boots = []
     for _ in range(max(1, n_boot)):
-        groups = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        groups = [pairs[idx[rng.randrange(len(idx))]] for idx in where for _ in idx]
         boots.append(mean_of([[g[rng.randrange(len(g))] for _ in g] for g in groups]))
     return {"mean": mean_of(pairs), **_percentile_95(boots), "seeds": len(pairs),
-            "tasks_per_seed": statistics.fmean(len(g) for g in pairs)}
+            "tasks_per_seed": statistics.fmean(len(g) for g in pairs), **_n_strata(where)}
+
+
+def _n_strata(where: list[list[int]]) -> dict[str, int]:
+    return {"strata": len(where)} if len(where) > 1 else {}
 
 
 def _percentile_95(boots: list[float]) -> dict[str, float]:
@@ -63,15 +94,19 @@ def _percentile_95(boots: list[float]) -> dict[str, float]:
     return {"ci95_low": boots[int(0.025 * (len(boots) - 1))], "ci95_high": boots[int(round(0.975 * (len(boots) - 1)))]}
 
 
-def seed_bootstrap(diffs: Sequence[float], n_boot: int = 2000, seed: int = 0) -> dict[str, float] | None:
+def seed_bootstrap(diffs: Sequence[float], n_boot: int = 2000, seed: int = 0,
+                   strata: Sequence[Hashable] | None = None) -> dict[str, float] | None:
     """Mean of per-seed differences with a 95% percentile interval over seeds resampled with
-    replacement. Returns None for no seeds. Keys: mean, ci95_low, ci95_high, seeds."""
+    replacement (within their `strata` label, one per seed, where given). Returns None for no
+    seeds. Keys: mean, ci95_low, ci95_high, seeds (and strata, where there are several)."""
     vals = [float(d) for d in diffs]
     if not vals:
         return None
+    where = _strata(_check_strata(strata, len(vals)))
     rng = random.Random(seed)
-    boots = [statistics.fmean(vals[rng.randrange(len(vals))] for _ in vals) for _ in range(max(1, n_boot))]
-    return {"mean": statistics.fmean(vals), **_percentile_95(boots), "seeds": len(vals)}
+    boots = [statistics.fmean(vals[idx[rng.randrange(len(idx))]] for idx in where for _ in idx)
+             for _ in range(max(1, n_boot))]
+    return {"mean": statistics.fmean(vals), **_percentile_95(boots), "seeds": len(vals), **_n_strata(where)}
 
 
 def seed_contrast(high: Mapping[int, float], low: Mapping[int, float], n_boot: int = 2000) -> dict[str, float] | None:

@@ -169,6 +169,24 @@ def check_same_start(studies: list[dict[str, Any]]) -> None:
                                  "pool or compare only studies of one start")
 
 
+def same_start(x: dict[str, Any], y: dict[str, Any]) -> bool:
+    """Whether two start signatures (`start_signature`) agree on every key both recorded."""
+    return all(y[k] == v for k, v in x.items() if k in y)
+
+
+def group_by_start(studies: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Studies (`load_study`'s) in groups of one RL start each, groups and studies in the order
+    given: a study joins the first group whose first study it agrees with (`same_start`)."""
+    groups: list[list[dict[str, Any]]] = []
+    for st in studies:
+        home = next((g for g in groups if same_start(g[0]["start"], st["start"])), None)
+        if home is None:
+            groups.append([st])
+        else:
+            home.append(st)
+    return groups
+
+
 def reward_slopes(study: dict[str, Any], v: str) -> dict[int, dict[str, float | None]] | None:
     """Per seed, the slopes of variant v's training reward (`curve_slopes`): the study's own
     `reward_trend`, or, for a study from before it that ran v on one seed, its curve (the mean
