@@ -4,7 +4,11 @@
         --workdirs <learning.py --workdir>/pipeline --variants grpo mempo_half --seeds 0 1 2 3 4 \\
         --out benchmarks/results/objective_fates.json
 
-For the memory-format SFT checkpoint of a finished `make run` (`--from-pipeline`) and the RL
+    .venv/bin/python benchmarks/objective_fates.py --start benchmarks/starts/c9cbcc85 \\
+        --workdirs <learning.py --workdir>/full --variants grpo mempo_half --seeds 0 1 2 3
+
+For the memory-format SFT checkpoint of a finished `make run` (`--from-pipeline`) or a saved
+start (`--start`, with the study's world from the first `--workdirs`), and the RL
 checkpoints a learning study kept (`<workdir>/rl-<variant>-seed<s>/model`, the first of
 `--workdirs` that has it), greedy evaluation through `mempo eval`'s code on the learning study's
 own held-out world-k2 and world-k4 tasks (`benchmarks/learning.py`'s `test_tasks`), then, per
@@ -71,11 +75,11 @@ def fate_shares(rows: list[dict[str, Any]], tasks: dict[str, Any]) -> dict[str, 
             "fates_by_objective": {str(p): {f: c[f] / sum(c.values()) for f in FATES} for p, c in sorted(by_pos.items())}}
 
 
-def job(name: str, seed: int | None, model: Path, root: Path) -> tuple[str, int | None, dict[str, Any]]:
+def job(name: str, seed: int | None, model: Path, world: Path) -> tuple[str, int | None, dict[str, Any]]:
     import learning  # benchmarks/learning.py: the study's tasks, params and evaluation
 
     learning._quiet()
-    inputs = learning.pipeline_inputs(root)
+    inputs = {"world": world, "corpus": world / "corpus.jsonl"}
     a = argparse.Namespace(eval_single=500, eval_k2=200, eval_k4=100)
     tasks = {k: v for k, v in learning.test_tasks(inputs["world"], a).items() if k in SETS}
     rows = learning.evaluate_rows(model, "memory", tasks, inputs["corpus"], "cpu")
@@ -83,9 +87,24 @@ def job(name: str, seed: int | None, model: Path, root: Path) -> tuple[str, int 
     return name, seed, {s: fate_shares([r for r in rows if r["benchmark"] == s], by_id) for s in SETS}
 
 
-def models(a: argparse.Namespace) -> list[tuple[str, int | None, Path]]:
-    """(variant, seed, model folder): the pipeline's memory SFT, then every variant x seed."""
+def start(a: argparse.Namespace) -> tuple[Path, Path]:
+    """(world, memory SFT checkpoint): a finished pipeline's (`--from-pipeline`), or a saved
+    start's (`--start`, checked against its hash and the world of the first --workdirs)."""
     import learning
+
+    if a.start is None:
+        inputs = learning.pipeline_inputs(a.from_pipeline)
+        return inputs["world"], inputs["sft-memory"]
+    from mempo.training.starts import load_start
+
+    if not a.workdirs:
+        raise MempoError("--start needs --workdirs: the first one's world/ is the study's world")
+    world = a.workdirs[0] / "world"
+    return world, load_start(a.start, ["memory"], world)["memory"]["model"]
+
+
+def models(a: argparse.Namespace) -> list[tuple[str, int | None, Path]]:
+    """(variant, seed, model folder): the start's memory SFT, then every variant x seed."""
 
     rl: list[tuple[str, int | None, Path]] = []
     for v in a.variants:
@@ -94,7 +113,7 @@ def models(a: argparse.Namespace) -> list[tuple[str, int | None, Path]]:
             if not found:
                 raise MempoError(f"no rl-{v}-seed{s}/model in {', '.join(map(str, a.workdirs)) or '(no --workdirs)'}")
             rl.append((v, s, found[0]))
-    return [("sft", None, learning.pipeline_inputs(a.from_pipeline)["sft-memory"]), *rl]
+    return [("sft", None, start(a)[1]), *rl]
 
 
 def summarise(results: list[tuple[str, int | None, dict[str, Any]]]) -> dict[str, Any]:
@@ -148,8 +167,11 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from-pipeline", type=Path, required=True, metavar="ROOT",
-                    help="a finished make run (world, corpus, memory SFT checkpoint)")
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--from-pipeline", type=Path, metavar="ROOT",
+                       help="a finished make run (world, corpus, memory SFT checkpoint)")
+    where.add_argument("--start", type=Path, metavar="DIR",
+                       help="a saved SFT start (benchmarks/starts/<sha>); the world is the first --workdirs' world/")
     ap.add_argument("--workdirs", type=Path, nargs="+", default=[],
                     help="learning.py workdirs (…/pipeline) holding rl-<variant>-seed<s>/model")
     ap.add_argument("--variants", nargs="*", default=["grpo", "mempo_half"])
@@ -157,16 +179,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "objective_fates.json")
     a = ap.parse_args(argv)
-    a.from_pipeline = a.from_pipeline.resolve()
+    a.from_pipeline = a.from_pipeline and a.from_pipeline.resolve()
     try:
         todo = models(a)
+        world = start(a)[0]
     except MempoError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     results = []
     with ProcessPoolExecutor(max_workers=a.jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(job, n, s, m, a.from_pipeline) for n, s, m in todo]
+        futures = [pool.submit(job, n, s, m, world) for n, s, m in todo]
         for i, fut in enumerate(futures, 1):
             results.append(fut.result())
             n, s, res = results[-1]

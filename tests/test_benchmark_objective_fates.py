@@ -53,6 +53,37 @@ def test_shares_are_over_objectives_and_episodes_and_means_over_seeds():
 
 def test_a_missing_checkpoint_is_named(tmp_path):
     m = fates_mod()
-    a = SimpleNamespace(from_pipeline=tmp_path, workdirs=[tmp_path / "w"], variants=["grpo"], seeds=[7])
+    a = SimpleNamespace(from_pipeline=tmp_path, start=None, workdirs=[tmp_path / "w"], variants=["grpo"], seeds=[7])
     with pytest.raises(MempoError, match="no rl-grpo-seed7/model in"):
         m.models(a)
+
+
+def test_a_saved_start_gives_the_sft_checkpoint_and_the_study_s_world(tmp_path, tiny_world):
+    """--start: the SFT checkpoint is the saved start's (checked against the study's world, the
+    first workdir's world/), then the RL checkpoints of the workdirs."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from mempo.training.starts import save_start
+
+    m = fates_mod()
+    sft = tmp_path / "sft" / "model"
+    sft.mkdir(parents=True)
+    save_file({"w": torch.zeros(2)}, str(sft / "model.safetensors"))
+    (tmp_path / "sft" / "metrics.json").write_text("{}")
+    work = tmp_path / "w"
+    shutil.copytree(tiny_world, work / "world")
+    save_start(tmp_path / "start", {"memory": (sft, tmp_path / "sft" / "metrics.json")}, work / "world")
+    (work / "rl-grpo-seed7" / "model").mkdir(parents=True)
+    a = SimpleNamespace(from_pipeline=None, start=tmp_path / "start", workdirs=[work], variants=["grpo"], seeds=[7])
+    assert m.start(a) == (work / "world", tmp_path / "start" / "memory" / "model")
+    assert m.models(a) == [("sft", None, tmp_path / "start" / "memory" / "model"),
+                           ("grpo", 7, work / "rl-grpo-seed7" / "model")]
+    with pytest.raises(MempoError, match="--start needs --workdirs"):
+        m.start(SimpleNamespace(from_pipeline=None, start=tmp_path / "start", workdirs=[]))
+    manifest = work / "world" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"qa/test.jsonl": "', '"qa/test.jsonl": "0'))
+    with pytest.raises(MempoError, match="another world"):
+        m.start(a)
