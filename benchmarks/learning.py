@@ -195,8 +195,8 @@ def prepare_inputs(a: argparse.Namespace) -> dict[str, Path]:
         return common | start_inputs(a, world)
     if not (teach / "train_episodes.jsonl").exists():
         _teacher_episodes(world, data, corpus, policy, teach)
-    return {"world": world, "corpus": corpus, "data": data, "policy": policy, "teacher": teach,
-            **{f"sft-{fmt}": w / f"sft-{fmt}" / "model" for fmt in AGENT_OF_FORMAT}}  # trained by job_sft
+    return common | {"teacher": teach,
+                     **{f"sft-{fmt}": w / f"sft-{fmt}" / "model" for fmt in AGENT_OF_FORMAT}}  # trained by job_sft
 
 
 def start_inputs(a: argparse.Namespace, world: Path) -> dict[str, Path]:

@@ -103,6 +103,14 @@ def start_label(group: list[dict[str, Any]], i: int) -> str:
     return digest[:8] if digest else f"start{i + 1}"
 
 
+def _start_means(starts: dict[str, dict[str, Any]], key: str, values: dict[int, float], strata: list[int]) -> None:
+    """Each start's own mean of `values` (unit index -> value) as `starts[label][key]`, starts in
+    the order of `strata`'s labels (None for a start with no value)."""
+    for g, st in enumerate(starts.values()):
+        d = [v for i, v in values.items() if strata[i] == g]
+        st[key] = statistics.fmean(d) if d else None
+
+
 def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000,
          across_starts: bool = False) -> dict[str, Any]:
     """The pooled paired difference a - b. `across_starts`: studies from different SFT starts
@@ -140,9 +148,7 @@ def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000,
                 d = [diffs[i] for i, (_, _, u) in enumerate(units) if u is st and i in diffs]
                 out["studies"][st["path"].name][key] = statistics.fmean(d) if d else None
             if across_starts:
-                for g, name in enumerate(labels):
-                    d = [diffs[i] for i in diffs if strata[i] == g]
-                    out["starts"][name][key] = statistics.fmean(d) if d else None
+                _start_means(out["starts"], key, diffs, strata)
             if two_level:
                 runs = {v: [{t: r[m] for t, r in st["per_task"][(v, s, bench)].items()} for _, s, st in units]
                         for v in (a, b)}
@@ -159,9 +165,7 @@ def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000,
         out["k4_minus_k2"][m] = seed_bootstrap([hi[i] - lo[i] for i in both], n_boot,
                                                strata=[strata[i] for i in both])
         if across_starts:
-            for g, name in enumerate(labels):
-                d = [hi[i] - lo[i] for i in both if strata[i] == g]
-                out["starts"][name][f"k4_minus_k2/{m}"] = statistics.fmean(d) if d else None
+            _start_means(out["starts"], f"k4_minus_k2/{m}", {i: hi[i] - lo[i] for i in both}, strata)
     # has each variant's training reward stopped rising? (per-seed slopes, all studies' seeds)
     out["reward_trend"] = {}
     for v in (a, b):

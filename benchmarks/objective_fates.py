@@ -79,10 +79,9 @@ def job(name: str, seed: int | None, model: Path, world: Path) -> tuple[str, int
     import learning  # benchmarks/learning.py: the study's tasks, params and evaluation
 
     learning._quiet()
-    inputs = {"world": world, "corpus": world / "corpus.jsonl"}
     a = argparse.Namespace(eval_single=500, eval_k2=200, eval_k4=100)
-    tasks = {k: v for k, v in learning.test_tasks(inputs["world"], a).items() if k in SETS}
-    rows = learning.evaluate_rows(model, "memory", tasks, inputs["corpus"], "cpu")
+    tasks = {k: v for k, v in learning.test_tasks(world, a).items() if k in SETS}
+    rows = learning.evaluate_rows(model, "memory", tasks, world / "corpus.jsonl", "cpu")
     by_id = {t.id: t for items in tasks.values() for t in items}
     return name, seed, {s: fate_shares([r for r in rows if r["benchmark"] == s], by_id) for s in SETS}
 
@@ -103,9 +102,8 @@ def start(a: argparse.Namespace) -> tuple[Path, Path]:
     return world, load_start(a.start, ["memory"], world)["memory"]["model"]
 
 
-def models(a: argparse.Namespace) -> list[tuple[str, int | None, Path]]:
-    """(variant, seed, model folder): the start's memory SFT, then every variant x seed."""
-
+def models(a: argparse.Namespace, sft: Path) -> list[tuple[str, int | None, Path]]:
+    """(variant, seed, model folder): the start's memory SFT checkpoint `sft`, then every variant x seed."""
     rl: list[tuple[str, int | None, Path]] = []
     for v in a.variants:
         for s in a.seeds:
@@ -113,7 +111,7 @@ def models(a: argparse.Namespace) -> list[tuple[str, int | None, Path]]:
             if not found:
                 raise MempoError(f"no rl-{v}-seed{s}/model in {', '.join(map(str, a.workdirs)) or '(no --workdirs)'}")
             rl.append((v, s, found[0]))
-    return [("sft", None, start(a)[1]), *rl]
+    return [("sft", None, sft), *rl]
 
 
 def summarise(results: list[tuple[str, int | None, dict[str, Any]]]) -> dict[str, Any]:
@@ -181,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     a.from_pipeline = a.from_pipeline and a.from_pipeline.resolve()
     try:
-        todo = models(a)
-        world = start(a)[0]
+        world, sft = start(a)
+        todo = models(a, sft)
     except MempoError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

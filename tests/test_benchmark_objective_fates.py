@@ -55,7 +55,7 @@ def test_a_missing_checkpoint_is_named(tmp_path):
     m = fates_mod()
     a = SimpleNamespace(from_pipeline=tmp_path, start=None, workdirs=[tmp_path / "w"], variants=["grpo"], seeds=[7])
     with pytest.raises(MempoError, match="no rl-grpo-seed7/model in"):
-        m.models(a)
+        m.models(a, tmp_path / "sft")
 
 
 def test_a_saved_start_gives_the_sft_checkpoint_and_the_study_s_world(tmp_path, tiny_world):
@@ -79,7 +79,7 @@ def test_a_saved_start_gives_the_sft_checkpoint_and_the_study_s_world(tmp_path, 
     (work / "rl-grpo-seed7" / "model").mkdir(parents=True)
     a = SimpleNamespace(from_pipeline=None, start=tmp_path / "start", workdirs=[work], variants=["grpo"], seeds=[7])
     assert m.start(a) == (work / "world", tmp_path / "start" / "memory" / "model")
-    assert m.models(a) == [("sft", None, tmp_path / "start" / "memory" / "model"),
+    assert m.models(a, m.start(a)[1]) == [("sft", None, tmp_path / "start" / "memory" / "model"),
                            ("grpo", 7, work / "rl-grpo-seed7" / "model")]
     with pytest.raises(MempoError, match="--start needs --workdirs"):
         m.start(SimpleNamespace(from_pipeline=None, start=tmp_path / "start", workdirs=[]))

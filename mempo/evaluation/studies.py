@@ -161,17 +161,22 @@ def check_same_start(studies: list[dict[str, Any]]) -> None:
     difference pooled over them would mix two experiments. Compared on what both recorded."""
     first = studies[0]
     for st in studies[1:]:
-        for key, value in st["start"].items():
-            other = first["start"].get(key)
-            if other is not None and other != value:
-                raise MempoError(f"{st['path']}: its RL start has {key} {value!r}, but {first['path']}'s has {other!r}: "
+        key = start_difference(st["start"], first["start"])
+        if key is not None:
+            value, other = st["start"][key], first["start"][key]
+            raise MempoError(f"{st['path']}: its RL start has {key} {value!r}, but {first['path']}'s has {other!r}: "
                                  "the studies start from different SFT checkpoints (or evaluate them differently); "
                                  "pool or compare only studies of one start")
 
 
+def start_difference(x: dict[str, Any], y: dict[str, Any]) -> str | None:
+    """The first key both start signatures (`start_signature`) recorded with different values;
+    None where they agree on every key both recorded."""
+    return next((k for k, v in x.items() if k in y and y[k] != v), None)
+
+
 def same_start(x: dict[str, Any], y: dict[str, Any]) -> bool:
-    """Whether two start signatures (`start_signature`) agree on every key both recorded."""
-    return all(y[k] == v for k, v in x.items() if k in y)
+    return start_difference(x, y) is None
 
 
 def group_by_start(studies: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
