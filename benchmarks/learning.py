@@ -23,7 +23,7 @@ Variants (every one trained from this repository's params.yaml, only the keys be
 Protocol: the small world's entity-disjoint splits. The scripted teacher solves train
 questions of part `sft` (and k = 2..4 compositions of them) once; both SFT policies learn
 from those same episodes, for the same number of steps. RL runs on the data stage's mixture
-(part `rl` singles + k = 2 compositions), every RL variant with the same budget (steps, B x n
+(part `rl` singles + k = 2 compositions; `--rl-mix` another, e.g. with k = 4 tasks), every RL variant with the same budget (steps, B x n
 rollouts, LR, max tokens) from the same SFT checkpoint of its format, and seeds paired: seed
 s of every variant sees the same task order. Evaluation is `mempo eval`'s own code
 (`mempo.evaluation.agent_runner.evaluate_items`), greedy (a prompt an episode has seen before
@@ -116,6 +116,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                          "training SFT here: the same weights on any machine, so seeds run elsewhere pool")
     ap.add_argument("--save-start", default=None, metavar="DIR",
                     help="after the study, save its SFT checkpoints (with their hashes and the world's) to DIR")
+    ap.add_argument("--rl-mix", nargs="+", default=None, metavar="K:SHARE", type=_composition,
+                    help="RL on this mixture instead of params.yaml's data.compositions (singles + k=2), e.g. "
+                         "1:1 2:0.5 4:1 (k=4 tasks too); its own data and workdir (<workdir>/...-mix-<tag>)")
     ap.add_argument("--workdir", default=str(REPO / "outputs" / "bench-learning"))
     ap.add_argument("--out", default=str(RESULTS / "learning.json"))
     a = ap.parse_args(argv)
@@ -134,7 +137,27 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     a.untrained_n = a.untrained_n or (10 if q else 50)
     a.workdir = Path(a.workdir) / ("pipeline" if a.from_pipeline else f"start-{Path(a.start).resolve().name}"
                                    if a.start else "quick" if q else "full")
+    if a.rl_mix:
+        if [c["k"] for c in a.rl_mix] != sorted({c["k"] for c in a.rl_mix}):
+            ap.error("--rl-mix: give each k once, in increasing order (e.g. 1:1 2:0.5 4:1)")
+        a.workdir = a.workdir.with_name(f"{a.workdir.name}-mix-{mix_tag(a.rl_mix)}")
     return a
+
+
+def _composition(text: str) -> dict[str, Any]:
+    """`K:SHARE` (`--rl-mix`) as a data.compositions entry."""
+    try:
+        k, share = text.split(":")
+        comp = {"k": int(k), "share": float(share)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not K:SHARE (e.g. 4:0.5)") from None
+    if comp["k"] < 1 or not 0 < comp["share"] <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: k must be >= 1 and the share in (0, 1]")
+    return comp
+
+
+def mix_tag(mix: Sequence[dict[str, Any]]) -> str:
+    return "-".join(f"{c['k']}x{c['share']:g}" for c in mix)
 
 
 # ---------------------------------------------------------------------------- shared inputs
@@ -181,11 +204,7 @@ def prepare_inputs(a: argparse.Namespace) -> dict[str, Path]:
         generate_world(world, size=p0.world.size, seed=p0.world.seed)
     corpus = world / "corpus.jsonl"
     if not (data / "sft.parquet").exists():  # the RL split and the SFT teacher's tasks
-        pd = _params({
-            "data.sources": [{"name": "world", "path": str(world / "qa" / "train.jsonl"), "split": "train"},
-                             {"name": "world", "path": str(world / "qa" / "val.jsonl"), "split": "val"}],
-            "data.eval_sets": [str(world / "qa" / "test.jsonl")], "data.out": str(data), "data.gate": False,
-            "sft.world": str(world)})
+        pd = _params(data_overrides(a, world, data))
         prepare_data(pd.data, sft=pd.sft)
     if not (policy / "config.json").exists():
         bootstrap_policy(_params({"policy.out": str(policy), "policy.corpus": str(corpus),
@@ -197,6 +216,15 @@ def prepare_inputs(a: argparse.Namespace) -> dict[str, Path]:
         _teacher_episodes(world, data, corpus, policy, teach)
     return common | {"teacher": teach,
                      **{f"sft-{fmt}": w / f"sft-{fmt}" / "model" for fmt in AGENT_OF_FORMAT}}  # trained by job_sft
+
+
+def data_overrides(a: argparse.Namespace, world: Path, data: Path) -> dict[str, Any]:
+    """The data stage's params for the study: `world`'s train and val questions into `data`, the
+    test questions held out, RL on params.yaml's mixture or `--rl-mix`'s."""
+    return {"data.sources": [{"name": "world", "path": str(world / "qa" / "train.jsonl"), "split": "train"},
+                             {"name": "world", "path": str(world / "qa" / "val.jsonl"), "split": "val"}],
+            "data.eval_sets": [str(world / "qa" / "test.jsonl")], "data.out": str(data), "data.gate": False,
+            "sft.world": str(world), **({"data.compositions": a.rl_mix} if a.rl_mix else {})}
 
 
 def start_inputs(a: argparse.Namespace, world: Path) -> dict[str, Path]:
@@ -488,6 +516,8 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                           + ("; a finished pipeline's (--from-pipeline)" if a.from_pipeline else "")
                           + (f"; a saved start's (--start {a.start})" if a.start else ""),
                    "policy": "tiny (2 x 128 Qwen2, BPE 1.5k)", "device": a.device,
+                   # the RL mixture where --rl-mix replaced params.yaml's (absent: singles + k=2)
+                   **({"rl_mix": a.rl_mix} if a.rl_mix else {}),
                    # which checkpoints RL started from (learning_pool.py / learning_budget.py compare it)
                    "start": {fmt: results[f"sft-{fmt}"].get("weights_sha256") for fmt in AGENT_OF_FORMAT
                              if f"sft-{fmt}" in results},

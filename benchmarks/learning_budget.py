@@ -1,9 +1,12 @@
-"""What a longer RL budget changes: two learning studies on the same seeds that differ only in
-`--rl-steps`, compared variant by variant and seed by seed.
+"""What a longer RL budget (or another RL mixture) changes: two learning studies on the same seeds
+that differ only in `--rl-steps` (or, `--setting rl_mix`, in `--rl-mix`), compared variant by
+variant and seed by seed.
 
     .venv/bin/python benchmarks/learning_budget.py benchmarks/results/learning_rl600_seeds1_2.json \\
         benchmarks/results/learning_rl300_seeds1_4.json --variants grpo mempo_half \\
         --out benchmarks/results/learning_rl600_vs_300.json
+    .venv/bin/python benchmarks/learning_budget.py benchmarks/results/learning_rl300_start3_mixk4.json \\
+        benchmarks/results/learning_rl300_start3.json --setting rl_mix --variants mempo_half grpo
 
 Has training converged at the shorter budget? The reward curve's slope says whether the
 training reward still rises (`reward_trend`); this says whether the held-out test numbers
@@ -14,7 +17,9 @@ shorter run's end point) and by test task, with the two-level bootstrap of
 `mempo.evaluation.stats.paired_bootstrap` (seeds only where a study has no per-task file).
 With two variants A and B, also the gap A - B at each budget and how it changes
 (`gap.change`: per task, (A - B) long - (A - B) short): does the memory advantage's lead grow,
-hold or fade with more training? Only the seeds both studies ran are compared; studies that
+hold or fade with more training? With `--setting rl_mix` the same for two RL mixtures: a seed
+pairs the SFT start and the seed's draws, but not the task order (the mixtures' rows differ);
+the test tasks pair exactly. Only the seeds both studies ran are compared; studies that
 differ in anything but the RL steps (their SFT start included) are refused with the file and
 field named. `--out`
 writes the JSON and beside it a forest plot.
@@ -75,70 +80,102 @@ def _interval(a: Runs, b: Runs, two_level: bool, n_boot: int) -> dict[str, float
     return seed_bootstrap(diffs, n_boot)
 
 
-def compare(long: dict[str, Any], short: dict[str, Any], variants: list[str], n_boot: int = 2000) -> dict[str, Any]:
-    """Long - short per variant, and (two variants) the gap at each budget and its change."""
-    check_same_settings(long["path"], long["config"], short["path"], short["config"], "only the RL steps may differ",
-                        but=("rl_steps",))
+# The setting two compared studies differ in: (first study's name, second's, key of first - second).
+SETTINGS = {"rl_steps": ("long", "short", "more_steps"), "rl_mix": ("mix", "base", "with_mix")}
+BASE_MIX = "params.yaml's data.compositions"  # what a study without config.rl_mix trained RL on
+
+
+def compare(long: dict[str, Any], short: dict[str, Any], variants: list[str], n_boot: int = 2000,
+            setting: str = "rl_steps") -> dict[str, Any]:
+    """First - second per variant, and (two variants) the gap in each study and its change. The
+    studies differ only in `setting`: the RL steps (the longer first) or the RL mixture
+    (`--rl-mix`, the study with another mixture first)."""
+    x, y, diff_key = SETTINGS[setting]
+    what = "only the RL steps may differ" if setting == "rl_steps" else "only the RL mixture may differ"
+    check_same_settings(long["path"], long["config"], short["path"], short["config"], what, but=(setting,))
     check_same_start([long, short])
-    steps = (long["config"]["rl_steps"], short["config"]["rl_steps"])
-    if steps[0] <= steps[1]:
-        raise MempoError(f"{long['path']}: {steps[0]} RL steps, not more than {short['path']}'s {steps[1]}: "
+    values = (long["config"].get(setting) or BASE_MIX, short["config"].get(setting) or BASE_MIX)
+    if setting == "rl_steps" and values[0] <= values[1]:
+        raise MempoError(f"{long['path']}: {values[0]} RL steps, not more than {short['path']}'s {values[1]}: "
                          "give the longer study first")
+    if setting == "rl_mix" and values[0] == values[1]:
+        raise MempoError(f"{long['path']} and {short['path']} both trained RL on {values[0]}: nothing to compare")
     seeds = [s for s in long["seeds"] if s in short["seeds"]]
     if not seeds:
         raise MempoError(f"{long['path']} (seeds {long['seeds']}) and {short['path']} (seeds {short['seeds']}) "
                          "share no seed: there is nothing to pair")
     two_level = long["per_task"] is not None and short["per_task"] is not None
-    out: dict[str, Any] = {"rl_steps": {"long": steps[0], "short": steps[1]}, "variants": variants, "seeds": seeds,
+    out: dict[str, Any] = {setting: {x: values[0], y: values[1]}, "variants": variants, "seeds": seeds,
                            "resampled": "seeds, then tasks within a seed" if two_level else "seeds only",
-                           "studies": {"long": long["path"].name, "short": short["path"].name},
-                           "more_steps": {v: {} for v in variants}, "reward_trend": {}}
-    runs = {(which, v, bench, m): _runs(st, v, bench, m, seeds, two_level) for which, st in (("long", long), ("short", short))
+                           "studies": {x: long["path"].name, y: short["path"].name},
+                           diff_key: {v: {} for v in variants}, "reward_trend": {}}
+    runs = {(which, v, bench, m): _runs(st, v, bench, m, seeds, two_level) for which, st in ((x, long), (y, short))
             for v in variants for bench in BENCHES for m in METRICS}
     for v in variants:
         for bench in BENCHES:
             for m in METRICS:
-                out["more_steps"][v][f"{bench}/{m}"] = _interval(runs["long", v, bench, m], runs["short", v, bench, m],
-                                                                 two_level, n_boot)
+                out[diff_key][v][f"{bench}/{m}"] = _interval(runs[x, v, bench, m], runs[y, v, bench, m],
+                                                             two_level, n_boot)
         slopes = long["slopes"][v]
         if slopes is not None:
             out["reward_trend"][v] = {"seeds": len(seeds), **pool_slopes([slopes[s] for s in seeds if s in slopes],
                                                                          n_boot)}
     if len(variants) == 2:
         a, b = variants
-        out["gap"] = {"long": {}, "short": {}, "change": {}}
+        out["gap"] = {x: {}, y: {}, "change": {}}
         for bench in BENCHES:
             for m in METRICS:
                 key = f"{bench}/{m}"
                 gaps = {}
-                for which in ("long", "short"):
+                for which in (x, y):
                     ra, rb = runs[which, a, bench, m], runs[which, b, bench, m]
                     out["gap"][which][key] = _interval(ra, rb, two_level, n_boot)
                     gaps[which] = _diff(ra, rb)
-                out["gap"]["change"][key] = _interval(gaps["long"], gaps["short"], two_level, n_boot)
+                out["gap"]["change"][key] = _interval(gaps[x], gaps[y], two_level, n_boot)
     return out
 
 
+def _setting(out: dict[str, Any]) -> tuple[str, str, str, str]:
+    """The setting a comparison (`compare`'s) is of, its two studies' names and its key."""
+    setting = next(k for k in SETTINGS if k in out)
+    return (setting, *SETTINGS[setting])
+
+
+def _describe(value: Any) -> str:
+    """A setting's value as the command line gives it (a mixture as K:SHARE ...)."""
+    return " ".join(f"{c['k']}:{c['share']:g}" for c in value) if isinstance(value, list) else str(value)
+
+
+def title(out: dict[str, Any]) -> str:
+    setting, x, y, _ = _setting(out)
+    first, second = (_describe(out[setting][w]) for w in (x, y))
+    return f"{first} - {second} RL steps" if setting == "rl_steps" else f"RL on {first} - RL on {second}"
+
+
 def plot(out: dict[str, Any], path: Path) -> Path:
-    """Long - short per variant (and the change of the gap) as a forest plot, objective EM and EM."""
+    """First - second per variant (and the change of the gap) as a forest plot, objective EM and EM."""
     from mempo.training.plots import plot_forest
 
+    _, _, _, diff_key = _setting(out)
     keys = [f"{bench}/{m}" for bench in BENCHES for m in ("em", "objective_em")]  # those with a value
     rows = [(f"{v}: {key}", d, {}) for v in out["variants"] for key in keys
-            if (d := out["more_steps"][v].get(key)) is not None]
+            if (d := out[diff_key][v].get(key)) is not None]
     if "gap" in out:
         a, b = out["variants"]
         rows += [(f"gap {a} - {b} change: {key}", d, {}) for key in keys
                  if (d := out["gap"]["change"].get(key)) is not None]
-    long, short = out["rl_steps"]["long"], out["rl_steps"]["short"]
-    return plot_forest(rows, f"{long} - {short} RL steps ({len(out['seeds'])} paired seeds, 95% interval)", path)
+    return plot_forest(rows, f"{title(out)} ({len(out['seeds'])} paired seeds, 95% interval)", path)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("long", type=Path, help="learning.py --out file of the longer RL budget")
-    ap.add_argument("short", type=Path, help="learning.py --out file of the shorter one, on (some of) the same seeds")
+    ap.add_argument("long", type=Path, help="learning.py --out file of the longer RL budget (--setting rl_mix: of "
+                                            "the study run with --rl-mix)")
+    ap.add_argument("short", type=Path, help="learning.py --out file of the shorter one (rl_mix: of the study on "
+                                             "params.yaml's mixture, or another), on (some of) the same seeds")
     ap.add_argument("--variants", nargs="+", required=True, help="variants both studies ran (two: also their gap)")
+    ap.add_argument("--setting", choices=list(SETTINGS), default="rl_steps",
+                    help="what the two studies differ in (default: the RL steps)")
     ap.add_argument("--bootstrap", type=int, default=2000)
     ap.add_argument("--out", type=Path, default=None, help="write the comparison here (JSON), and beside it a forest plot")
     args = ap.parse_args(argv)
@@ -146,25 +183,26 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--variants: one or two")
     try:
         a, b = (args.variants * 2)[:2]
-        out = compare(load_study(args.long, a, b), load_study(args.short, a, b), args.variants, args.bootstrap)
+        out = compare(load_study(args.long, a, b), load_study(args.short, a, b), args.variants, args.bootstrap,
+                      args.setting)
     except MempoError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    long, short = out["rl_steps"]["long"], out["rl_steps"]["short"]
-    print(f"{long} - {short} RL steps, seeds {out['seeds']} ({out['resampled']} resampled)")
-    for v, diffs in out["more_steps"].items():
+    _, x, y, diff_key = _setting(out)
+    print(f"{title(out)}, seeds {out['seeds']} ({out['resampled']} resampled)")
+    for v, diffs in out[diff_key].items():
         for key, d in diffs.items():
             if d is not None:
                 print(f"  {v:<11} {key:<24} {format_interval(d)}")
     if "gap" in out:
         a, b = out["variants"]
-        print(f"gap {a} - {b}: at {short} steps, at {long}, and the change")
+        print(f"gap {a} - {b}: {y}, {x}, and the change")
         for key, d in out["gap"]["change"].items():
             if d is not None:
-                print(f"  {key:<24} {format_interval(out['gap']['short'][key])}  "
-                      f"{format_interval(out['gap']['long'][key])}  change {format_interval(d)}")
+                print(f"  {key:<24} {format_interval(out['gap'][y][key])}  "
+                      f"{format_interval(out['gap'][x][key])}  change {format_interval(d)}")
     for v, t in out["reward_trend"].items():
-        print(f"  reward slope /100 steps at {long} steps  {v:<11} {format_trend(t)} ({t['seeds']} seeds)")
+        print(f"  reward slope /100 steps ({x})  {v:<11} {format_trend(t)} ({t['seeds']} seeds)")
     if args.out:
         write_json(args.out, out)
         print(f"wrote {args.out} and {plot(out, args.out.with_suffix('.png'))}")

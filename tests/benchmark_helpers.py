@@ -37,12 +37,14 @@ def study_job(vals: list[float], curve: list[float] | None = None) -> dict[str, 
 
 
 def write_study(learning: ModuleType, path: Path, seeds: list[int], values: dict[str, dict[int, list[float]]],
-                rl_steps: int = 1, sft: list[float] | None = None, start: str | None = None) -> Path:
+                rl_steps: int = 1, sft: list[float] | None = None, start: str | None = None,
+                extra: tuple[str, ...] = ()) -> Path:
     """A study of the variants in `values` on `seeds`, written as learning.py writes it (summary
     JSON and per-task file): variant v's per-task values on seed s are `values[v][s]`; the SFT
-    start's per-task values are `sft` (default all 0) and its weights' digest `start` (default none)."""
+    start's per-task values are `sft` (default all 0) and its weights' digest `start` (default none);
+    `extra`: more learning.py arguments (e.g. `--rl-mix 1:1 4:1`)."""
     a = learning._args(["--seeds", *map(str, seeds), "--variants", *values, "--rl-steps", str(rl_steps),
-                        "--bootstrap", "50", "--workdir", str(path.parent)])
+                        "--bootstrap", "50", "--workdir", str(path.parent), *extra])
     n = len(next(iter(next(iter(values.values())).values())))
     results = {k: study_job(sft or [0.0] * n) for k in ("untrained", "sft-memory", "sft-full")}
     if start is not None:

@@ -86,3 +86,41 @@ def test_studies_that_differ_in_more_than_the_steps_or_share_no_seed_are_refused
     restarted = write_study(learning, tmp_path / "r" / "restarted.json", [1, 2], SHORT, rl_steps=2, sft=[1.0] * 4)
     assert lb.main([str(long), str(restarted), "--variants", "grpo"]) == 2
     assert "restarted.json: its RL start has sft single em 1.0, but" in capsys.readouterr().err
+
+
+MIX = ("--rl-mix", "1:1", "2:0.5", "4:1")
+
+
+def test_two_rl_mixtures_are_compared_like_two_budgets(learning, lb, tmp_path, capsys):
+    """`--setting rl_mix`: a study run with `--rl-mix` against one on params.yaml's mixture,
+    same steps, paired by seed and task; the gap's change is the mixture's effect on the lead."""
+    mix = write_study(learning, tmp_path / "m" / "mix.json", [1, 2, 3], LONG, rl_steps=2, extra=MIX)
+    base = write_study(learning, tmp_path / "b" / "base.json", [1, 2], SHORT, rl_steps=2)
+    out_path = tmp_path / "mix_vs_base.json"
+    assert lb.main([str(mix), str(base), "--setting", "rl_mix", "--variants", "mempo_half", "grpo",
+                    "--bootstrap", "200", "--out", str(out_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "RL on 1:1 2:0.5 4:1 - RL on params.yaml's data.compositions, seeds [1, 2]" in printed
+    out = json.loads(out_path.read_text())
+    assert out["rl_mix"]["mix"] == [{"k": 1, "share": 1.0}, {"k": 2, "share": 0.5}, {"k": 4, "share": 1.0}]
+    assert "more_steps" not in out and "rl_steps" not in out
+    d = out["with_mix"]["grpo"]["k2/objective_em"]
+    assert d == paired_bootstrap([_tasks(LONG["grpo"][s]) for s in (1, 2)],
+                                 [_tasks(SHORT["grpo"][s]) for s in (1, 2)], 200)
+    assert out["gap"]["base"]["k2/em"]["mean"] == pytest.approx(0.25)
+    assert out["gap"]["change"]["k2/em"]["mean"] == pytest.approx(-0.125)
+    assert out_path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_studies_of_two_mixtures_are_not_one_experiment(learning, lb, tmp_path, capsys):
+    """A mixture study pools and compares by steps only with studies of its own mixture; one
+    compared by mixture must keep the steps, and two of one mixture have nothing to compare."""
+    mix = write_study(learning, tmp_path / "m" / "mix.json", [1, 2], SHORT, rl_steps=4, extra=MIX)
+    base = write_study(learning, tmp_path / "b" / "base.json", [1, 2], SHORT, rl_steps=2)
+    assert lb.main([str(mix), str(base), "--variants", "grpo"]) == 2
+    assert "mix.json: config.rl_mix is [{'k': 1, 'share': 1.0}" in capsys.readouterr().err
+    assert lb.main([str(mix), str(base), "--setting", "rl_mix", "--variants", "grpo"]) == 2
+    assert "mix.json: config.rl_steps is 4, but" in capsys.readouterr().err
+    again = write_study(learning, tmp_path / "a" / "again.json", [1, 2], LONG, rl_steps=2)
+    assert lb.main([str(again), str(base), "--setting", "rl_mix", "--variants", "grpo"]) == 2
+    assert "both trained RL on params.yaml's data.compositions: nothing to compare" in capsys.readouterr().err

@@ -213,3 +213,27 @@ def test_rl_jobs_run_seed_by_seed_so_a_stopped_study_keeps_pairs(learning):
     assert [j[1] for j in jobs["memory"]] == ["rl-grpo-seed0", "rl-mempo_prev-seed0", "rl-grpo-seed1",
                                               "rl-mempo_prev-seed1"]
     assert [j[1] for j in jobs["full"]] == ["rl-full-seed1"]
+
+
+def test_rl_mix_trains_rl_on_another_mixture_in_its_own_workdir(learning, tiny_world: Path, tmp_path: Path) -> None:
+    """`--rl-mix 1:1 2:0.5 4:1`: the data stage composes k = 4 RL tasks too, into a workdir of
+    its own (the default mixture's cache is not reused), and the study records the mixture."""
+    import pandas as pd
+
+    from mempo.data.prepare import prepare_data
+
+    a = learning._args(["--rl-mix", "1:1", "2:0.5", "4:1", "--variants", "grpo", "--workdir", str(tmp_path / "w")])
+    assert a.rl_mix == [{"k": 1, "share": 1.0}, {"k": 2, "share": 0.5}, {"k": 4, "share": 1.0}]
+    assert a.workdir == tmp_path / "w" / "full-mix-1x1-2x0.5-4x1"
+    objectives = {}
+    for name, args in (("base", []), ("mix", ["--rl-mix", "1:1", "2:0.5", "4:1"])):
+        pd_ = learning._params(learning.data_overrides(learning._args(args), tiny_world, tmp_path / name))
+        prepare_data(pd_.data, sft=pd_.sft)
+        train = pd.read_parquet(tmp_path / name / "train.parquet")
+        objectives[name] = train["extra_info"].map(lambda e: int(e["k"])).value_counts().to_dict()
+    assert 4 not in objectives["base"] and objectives["mix"][4] > 0
+    assert objectives["mix"][1] == objectives["base"][1] and objectives["mix"][2] == objectives["base"][2]
+    for bad, why in ((["2:1", "1:1"], "each k once, in increasing order"), (["4:x"], "not K:SHARE"),
+                     (["4:1.5"], r"share in \(0, 1\]")):
+        with pytest.raises(SystemExit):
+            learning._args(["--rl-mix", *bad])
