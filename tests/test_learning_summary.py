@@ -3,6 +3,7 @@ full-history variant may run fewer), paired differences only on the seeds both r
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -215,7 +216,8 @@ def test_rl_jobs_run_seed_by_seed_so_a_stopped_study_keeps_pairs(learning):
     assert [j[1] for j in jobs["full"]] == ["rl-full-seed1"]
 
 
-def test_rl_mix_trains_rl_on_another_mixture_in_its_own_workdir(learning, tiny_world: Path, tmp_path: Path) -> None:
+def test_rl_mix_trains_rl_on_another_mixture_in_its_own_workdir(learning, tiny_world: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """`--rl-mix 1:1 2:0.5 4:1`: the data stage composes k = 4 RL tasks too, into a workdir of
     its own (the default mixture's cache is not reused), and the study records the mixture."""
     import pandas as pd
@@ -237,3 +239,4 @@ def test_rl_mix_trains_rl_on_another_mixture_in_its_own_workdir(learning, tiny_w
                      (["4:1.5"], r"share in \(0, 1\]")):
         with pytest.raises(SystemExit):
             learning._args(["--rl-mix", *bad])
+        assert re.search(why, capsys.readouterr().err)
