@@ -359,15 +359,23 @@ def job_rl(variant: str, seed: int, a: argparse.Namespace, inputs: dict[str, Pat
         "train.steps": a.rl_steps, "train.batch_questions": a.batch_questions, "train.n_rollouts": a.n_rollouts,
         "train.resume": "auto", "train.checkpoint_every": 10, "train.device": a.device}), tracking=False)
     train_s = time.perf_counter() - t0
-    history = [json.loads(x) for x in (out / "history.jsonl").read_text().splitlines()]
     ev = evaluate_model(out / "model", AGENT_OF_FORMAT[fmt], test_tasks(inputs["world"], a), inputs["corpus"],
                         a.device)
     return {"train_seconds": train_s, "eval_seconds": time.perf_counter() - t0 - train_s,
             "mean_time_step": m["mean_time_step"], "mem_scoring_share": m["mem_scoring_share"],
-            "curve": [{k: r.get(k) for k in ("step", "reward_mean", "em", "format_valid", "kl", "forgetting_rate",
-                                             "groups_with_signal", "time_step", "em_k1", "em_k2", "format_valid_k2")}
-                      for r in history],
-            "eval": ev}
+            "curve": curve_rows(out), "eval": ev}
+
+
+CURVE_KEYS = ("reward_mean", "em", "format_valid", "kl", "forgetting_rate")  # averaged over seeds per step
+PER_K = ("em_k1", "em_k2", "em_k4", "format_valid_k2", "format_valid_k4")  # where the RL mixture has that k
+
+
+def curve_rows(rl_out: Path) -> list[dict[str, Any]]:
+    """An RL run's training curve (its history.jsonl): per step the values the study reports,
+    the per-k ones only for the k its mixture has."""
+    keys = ("step", *CURVE_KEYS, "groups_with_signal", "time_step")
+    return [{**{k: r.get(k) for k in keys}, **{k: r[k] for k in PER_K if k in r}}
+            for r in map(json.loads, (rl_out / "history.jsonl").read_text().splitlines())]
 
 
 def job_untrained(a: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
@@ -485,8 +493,7 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
         rows = []
         for step in range(a.rl_steps):
             row: dict[str, Any] = {"step": step + 1}
-            for key in ("reward_mean", "em", "format_valid", "kl", "forgetting_rate", "em_k1", "em_k2",
-                        "format_valid_k2"):
+            for key in (*CURVE_KEYS, *PER_K):
                 vals = [c["curve"][step].get(key) for c in variants[v] if len(c["curve"]) > step]
                 vals = [x for x in vals if x is not None]
                 if vals:
@@ -566,12 +573,14 @@ def plots(out: dict[str, Any], out_path: Path) -> None:
               for i in range(steps)]
     plot_curves(merged, [f"{v}_reward" for v in curves], out_path.with_name(f"{out_path.stem}_curves.png"),
                 title="RL training reward (mean over seeds)", smooth=steps // 12)
-    by_k = [{"step": i + 1, **{f"{v}_{key}": curves[v][i][key] for v in curves for key in ("em_k1", "em_k2")
+    em_keys = [key for key in PER_K if key.startswith("em_")]
+    by_k = [{"step": i + 1, **{f"{v}_{key}": curves[v][i][key] for v in curves for key in em_keys
                                if len(curves[v]) > i and curves[v][i].get(key) is not None}} for i in range(steps)]
-    keys = [f"{v}_{key}" for v in curves for key in ("em_k1", "em_k2") if any(f"{v}_{key}" in r for r in by_k)]
-    if keys:  # what RL on the singles + k=2 mixture does to each part (rollout EM, mean over seeds)
+    keys = [f"{v}_{key}" for v in curves for key in em_keys if any(f"{v}_{key}" in r for r in by_k)]
+    if keys:  # what RL on the mixture does to each part (rollout EM, mean over seeds)
+        ks = sorted({k.rsplit("_k", 1)[1] for k in keys}, key=int)
         plot_curves(by_k, keys, out_path.with_name(f"{out_path.stem}_curves_per_k.png"),
-                    title="RL rollout EM on singles (k1) and k=2 tasks (mean over seeds)", smooth=steps // 12)
+                    title=f"RL rollout EM per k ({', '.join(ks)}; mean over seeds)", smooth=steps // 12)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     ks = {"single": 1, "k2": 2, "k4": 4}
     for v, by_bench in out["results"].items():

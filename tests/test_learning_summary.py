@@ -3,6 +3,7 @@ full-history variant may run fewer), paired differences only on the seeds both r
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -75,18 +76,30 @@ def test_per_k_training_curves_average_over_seeds_and_get_their_own_plot(learnin
     results = {"untrained": _job({b: [0.0] for b in sets}), "sft-memory": _job({b: [0.0] for b in sets}),
                "sft-full": _job({b: [0.0] for b in sets})}
     for s in range(2):
-        results[f"rl-grpo-seed{s}"] = _job({b: [0.0] for b in sets}, em_k1=0.5, em_k2=0.1 * (s + 1))
+        results[f"rl-grpo-seed{s}"] = _job({b: [0.0] for b in sets}, em_k1=0.5, em_k2=0.1 * (s + 1), em_k4=0.1 * s)
         results[f"rl-mempo-seed{s}"] = _job({b: [0.0] for b in sets}, em_k1=0.5)  # no k=2 task in any batch
     out = learning.summarise(a, results)
     assert out["curves"]["grpo"][0]["em_k2"] == pytest.approx(0.15)
+    assert out["curves"]["grpo"][1]["em_k4"] == pytest.approx(0.05)  # a mixture with k=4 tasks (--rl-mix)
     assert "em_k2" not in out["curves"]["mempo"][0] and out["curves"]["mempo"][2]["em_k1"] == 0.5
     learning.plots(out, tmp_path / "learning.json")
     assert (tmp_path / "learning_curves_per_k.png").stat().st_size > 0
     for r in results.values():
         for row in r["curve"]:
-            row.pop("em_k1", None), row.pop("em_k2", None)
+            row.pop("em_k1", None), row.pop("em_k2", None), row.pop("em_k4", None)
     learning.plots(learning.summarise(a, results), tmp_path / "plain" / "learning.json")
     assert not (tmp_path / "plain" / "learning_curves_per_k.png").exists()  # a study without per-k rows
+
+
+def test_an_rl_runs_curve_keeps_the_per_k_values_of_the_ks_its_mixture_has(learning, tmp_path):
+    rows = [{"step": 1, "reward_mean": 0.5, "em": 0.5, "em_k1": 0.6, "em_k4": 0.25, "format_valid_k4": 1.0,
+             "loss": 3.0},
+            {"step": 2, "reward_mean": 0.7, "em": 0.7, "em_k1": 0.7}]  # no k=4 task in this step's batch
+    (tmp_path / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = learning.curve_rows(tmp_path)
+    assert got[0]["em_k4"] == 0.25 and got[0]["format_valid_k4"] == 1.0 and "em_k2" not in got[0]
+    assert "em_k4" not in got[1] and got[1]["reward_mean"] == 0.7 and got[1]["kl"] is None
+    assert "loss" not in got[0]  # what the study does not report stays in history.jsonl
 
 
 def test_the_study_evaluates_with_the_eval_stages_own_code(learning, tiny_world: Path, tmp_path: Path,
