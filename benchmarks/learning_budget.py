@@ -143,13 +143,15 @@ def _setting(out: dict[str, Any]) -> tuple[str, str, str, str]:
 
 def _describe(value: Any) -> str:
     """A setting's value as the command line gives it (a mixture as K:SHARE ...)."""
+    if value == BASE_MIX:
+        return "the default mixture"
     return " ".join(f"{c['k']}:{c['share']:g}" for c in value) if isinstance(value, list) else str(value)
 
 
 def title(out: dict[str, Any]) -> str:
     setting, x, y, _ = _setting(out)
     first, second = (_describe(out[setting][w]) for w in (x, y))
-    return f"{first} - {second} RL steps" if setting == "rl_steps" else f"RL on {first} - RL on {second}"
+    return f"{first} - {second} RL steps" if setting == "rl_steps" else f"RL on {first} - on {second}"
 
 
 def plot(out: dict[str, Any], path: Path) -> Path:
@@ -164,7 +166,8 @@ def plot(out: dict[str, Any], path: Path) -> Path:
         a, b = out["variants"]
         rows += [(f"gap {a} - {b} change: {key}", d, {}) for key in keys
                  if (d := out["gap"]["change"].get(key)) is not None]
-    return plot_forest(rows, f"{title(out)} ({len(out['seeds'])} paired seeds, 95% interval)", path)
+    n = len(out["seeds"])
+    return plot_forest(rows, f"{title(out)} ({n} paired seed{'s' if n > 1 else ''}, 95% interval)", path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,7 +100,7 @@ def test_two_rl_mixtures_are_compared_like_two_budgets(learning, lb, tmp_path, c
     assert lb.main([str(mix), str(base), "--setting", "rl_mix", "--variants", "mempo_half", "grpo",
                     "--bootstrap", "200", "--out", str(out_path)]) == 0
     printed = capsys.readouterr().out
-    assert "RL on 1:1 2:0.5 4:1 - RL on params.yaml's data.compositions, seeds [1, 2]" in printed
+    assert "RL on 1:1 2:0.5 4:1 - on the default mixture, seeds [1, 2]" in printed
     out = json.loads(out_path.read_text())
     assert out["rl_mix"]["mix"] == [{"k": 1, "share": 1.0}, {"k": 2, "share": 0.5}, {"k": 4, "share": 1.0}]
     assert "more_steps" not in out and "rl_steps" not in out
