@@ -23,7 +23,8 @@ Variants (every one trained from this repository's params.yaml, only the keys be
 Protocol: the small world's entity-disjoint splits. The scripted teacher solves train
 questions of part `sft` (and k = 2..4 compositions of them) once; both SFT policies learn
 from those same episodes, for the same number of steps. RL runs on the data stage's mixture
-(part `rl` singles + k = 2 compositions; `--rl-mix` another, e.g. with k = 4 tasks), every RL variant with the same budget (steps, B x n
+(part `rl` singles + k = 2 compositions; `--rl-mix` another, e.g. with k = 4 tasks; `--rl-set`
+changes a params key for every RL variant, e.g. the multi-objective reward rule), every RL variant with the same budget (steps, B x n
 rollouts, LR, max tokens) from the same SFT checkpoint of its format, and seeds paired: seed
 s of every variant sees the same task order. Evaluation is `mempo eval`'s own code
 (`mempo.evaluation.agent_runner.evaluate_items`), greedy (a prompt an episode has seen before
@@ -119,6 +120,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rl-mix", nargs="+", default=None, metavar="K:SHARE", type=_composition,
                     help="RL on this mixture instead of params.yaml's data.compositions (singles + k=2), e.g. "
                          "1:1 2:0.5 4:1 (k=4 tasks too); its own data and workdir (<workdir>/...-mix-<tag>)")
+    ap.add_argument("--rl-set", nargs="+", default=None, metavar="KEY=VALUE", type=_override,
+                    help="params overrides for every RL variant, e.g. mempo.multi_rule=mean (partial credit on "
+                         "multi-objective tasks); not the keys the variants or the study set; own workdir")
     ap.add_argument("--workdir", default=str(REPO / "outputs" / "bench-learning"))
     ap.add_argument("--out", default=str(RESULTS / "learning.json"))
     a = ap.parse_args(argv)
@@ -141,7 +145,29 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         if [c["k"] for c in a.rl_mix] != sorted({c["k"] for c in a.rl_mix}):
             ap.error("--rl-mix: give each k once, in increasing order (e.g. 1:1 2:0.5 4:1)")
         a.workdir = a.workdir.with_name(f"{a.workdir.name}-mix-{mix_tag(a.rl_mix)}")
+    if a.rl_set:
+        a.rl_set = dict(a.rl_set)
+        taken = sorted(k for k in a.rl_set if k.startswith("train.") or any(k in o for _, o in RL_VARIANTS.values()))
+        if taken:
+            ap.error(f"--rl-set: {', '.join(taken)}: set by the study or its variants, not overridable")
+        from mempo.errors import MempoError
+
+        try:
+            _params(a.rl_set)
+        except MempoError as e:
+            ap.error(f"--rl-set: {e}")
+        a.workdir = a.workdir.with_name(f"{a.workdir.name}-set-" + "-".join(f"{k}={v}" for k, v in a.rl_set.items()))
     return a
+
+
+def _override(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` (`--rl-set`), the value read as YAML (numbers, booleans, null)."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. mempo.multi_rule=mean)")
+    return key, yaml.safe_load(value)
 
 
 def _composition(text: str) -> dict[str, Any]:
@@ -343,21 +369,27 @@ def job_sft(context: str, a: argparse.Namespace, inputs: dict[str, Path]) -> dic
             "eval_seconds": time.perf_counter() - t1}
 
 
+def rl_params(variant: str, seed: int, a: argparse.Namespace, inputs: dict[str, Path]) -> Any:
+    """The params of one RL job: params.yaml, `--rl-set`, the variant's keys, the study's budget."""
+    fmt, over = RL_VARIANTS[variant]
+    # Memory scoring only where the method uses it (the lambda_mem = 0 variants skip its cost).
+    over = {**(a.rl_set or {}), **over, "train.log_memory_reward": over["mempo.lambda_mem"] != 0}
+    return _params({
+        **over, "train.policy": str(inputs[f"sft-{fmt}"]), "train.out": str(Path(a.workdir) / f"rl-{variant}-seed{seed}"),
+        "train.data": str(inputs["data"]), "train.retriever": str(inputs["corpus"]), "train.seed": seed,
+        "train.steps": a.rl_steps, "train.batch_questions": a.batch_questions, "train.n_rollouts": a.n_rollouts,
+        "train.resume": "auto", "train.checkpoint_every": 10, "train.device": a.device})
+
+
 def job_rl(variant: str, seed: int, a: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
     """One RL variant for one seed, from its format's SFT checkpoint; then evaluated."""
     _quiet()
     from mempo.training.grpo import run_grpo
 
-    fmt, over = RL_VARIANTS[variant]
-    # Memory scoring only where the method uses it (the lambda_mem = 0 variants skip its cost).
-    over = {**over, "train.log_memory_reward": over["mempo.lambda_mem"] != 0}
+    fmt = RL_VARIANTS[variant][0]
     out = Path(a.workdir) / f"rl-{variant}-seed{seed}"
     t0 = time.perf_counter()
-    m = run_grpo(_params({
-        **over, "train.policy": str(inputs[f"sft-{fmt}"]), "train.out": str(out),
-        "train.data": str(inputs["data"]), "train.retriever": str(inputs["corpus"]), "train.seed": seed,
-        "train.steps": a.rl_steps, "train.batch_questions": a.batch_questions, "train.n_rollouts": a.n_rollouts,
-        "train.resume": "auto", "train.checkpoint_every": 10, "train.device": a.device}), tracking=False)
+    m = run_grpo(rl_params(variant, seed, a, inputs), tracking=False)
     train_s = time.perf_counter() - t0
     ev = evaluate_model(out / "model", AGENT_OF_FORMAT[fmt], test_tasks(inputs["world"], a), inputs["corpus"],
                         a.device)
@@ -524,7 +556,7 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                           + (f"; a saved start's (--start {a.start})" if a.start else ""),
                    "policy": "tiny (2 x 128 Qwen2, BPE 1.5k)", "device": a.device,
                    # the RL mixture where --rl-mix replaced params.yaml's (absent: singles + k=2)
-                   **({"rl_mix": a.rl_mix} if a.rl_mix else {}),
+                   **({"rl_mix": a.rl_mix} if a.rl_mix else {}), **({"rl_set": a.rl_set} if a.rl_set else {}),
                    # which checkpoints RL started from (learning_pool.py / learning_budget.py compare it)
                    "start": {fmt: results[f"sft-{fmt}"].get("weights_sha256") for fmt in AGENT_OF_FORMAT
                              if f"sft-{fmt}" in results},

@@ -81,8 +81,11 @@ def _interval(a: Runs, b: Runs, two_level: bool, n_boot: int) -> dict[str, float
 
 
 # The setting two compared studies differ in: (first study's name, second's, key of first - second).
-SETTINGS = {"rl_steps": ("long", "short", "more_steps"), "rl_mix": ("mix", "base", "with_mix")}
-BASE_MIX = "params.yaml's data.compositions"  # what a study without config.rl_mix trained RL on
+SETTINGS = {"rl_steps": ("long", "short", "more_steps"), "rl_mix": ("mix", "base", "with_mix"),
+            "rl_set": ("set", "base", "with_set")}
+# What a study without config.<setting> trained RL with (learning.py records rl_mix / rl_set only where given).
+DEFAULTS = {"rl_mix": "params.yaml's data.compositions", "rl_set": "params.yaml"}
+DEFAULT_LABELS = {"params.yaml's data.compositions": "the default mixture", "params.yaml": "params.yaml"}
 
 
 def compare(long: dict[str, Any], short: dict[str, Any], variants: list[str], n_boot: int = 2000,
@@ -91,15 +94,17 @@ def compare(long: dict[str, Any], short: dict[str, Any], variants: list[str], n_
     studies differ only in `setting`: the RL steps (the longer first) or the RL mixture
     (`--rl-mix`, the study with another mixture first)."""
     x, y, diff_key = SETTINGS[setting]
-    what = "only the RL steps may differ" if setting == "rl_steps" else "only the RL mixture may differ"
+    what = {"rl_steps": "only the RL steps may differ", "rl_mix": "only the RL mixture may differ",
+            "rl_set": "only the --rl-set overrides may differ"}[setting]
     check_same_settings(long["path"], long["config"], short["path"], short["config"], what, but=(setting,))
     check_same_start([long, short])
-    values = (long["config"].get(setting) or BASE_MIX, short["config"].get(setting) or BASE_MIX)
+    values = tuple(st["config"].get(setting) or DEFAULTS.get(setting) for st in (long, short))
     if setting == "rl_steps" and values[0] <= values[1]:
         raise MempoError(f"{long['path']}: {values[0]} RL steps, not more than {short['path']}'s {values[1]}: "
                          "give the longer study first")
-    if setting == "rl_mix" and values[0] == values[1]:
-        raise MempoError(f"{long['path']} and {short['path']} both trained RL on {values[0]}: nothing to compare")
+    if setting != "rl_steps" and values[0] == values[1]:
+        raise MempoError(f"{long['path']} and {short['path']} both trained RL on {_describe(values[0])}: "
+                         "nothing to compare")
     seeds = [s for s in long["seeds"] if s in short["seeds"]]
     if not seeds:
         raise MempoError(f"{long['path']} (seeds {long['seeds']}) and {short['path']} (seeds {short['seeds']}) "
@@ -143,9 +148,11 @@ def _setting(out: dict[str, Any]) -> tuple[str, str, str, str]:
 
 def _describe(value: Any) -> str:
     """A setting's value as the command line gives it (a mixture as K:SHARE ...)."""
-    if value == BASE_MIX:
-        return "the default mixture"
-    return " ".join(f"{c['k']}:{c['share']:g}" for c in value) if isinstance(value, list) else str(value)
+    if isinstance(value, list):
+        return " ".join(f"{c['k']}:{c['share']:g}" for c in value)
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items())
+    return DEFAULT_LABELS.get(value, str(value))
 
 
 def title(out: dict[str, Any]) -> str:

@@ -123,4 +123,19 @@ def test_studies_of_two_mixtures_are_not_one_experiment(learning, lb, tmp_path, 
     assert "mix.json: config.rl_steps is 4, but" in capsys.readouterr().err
     again = write_study(learning, tmp_path / "a" / "again.json", [1, 2], LONG, rl_steps=2)
     assert lb.main([str(again), str(base), "--setting", "rl_mix", "--variants", "grpo"]) == 2
-    assert "both trained RL on params.yaml's data.compositions: nothing to compare" in capsys.readouterr().err
+    assert "both trained RL on the default mixture: nothing to compare" in capsys.readouterr().err
+
+
+def test_two_reward_rules_are_compared_by_their_overrides(learning, lb, tmp_path, capsys):
+    """`--setting rl_set`: a study run with `--rl-set` against one on params.yaml as it is."""
+    changed = write_study(learning, tmp_path / "m" / "mean.json", [1, 2], LONG, rl_steps=2,
+                          extra=("--rl-set", "mempo.multi_rule=mean"))
+    base = write_study(learning, tmp_path / "b" / "base.json", [1, 2], SHORT, rl_steps=2)
+    assert lb.main([str(changed), str(base), "--variants", "grpo"]) == 2
+    assert "mean.json: config.rl_set is {'mempo.multi_rule': 'mean'}" in capsys.readouterr().err
+    assert lb.main([str(changed), str(base), "--setting", "rl_set", "--variants", "grpo", "--bootstrap", "50"]) == 0
+    assert "RL on mempo.multi_rule=mean - on params.yaml, seeds [1, 2]" in capsys.readouterr().out
+    out = lb.compare(lb.load_study(changed, "grpo", "grpo"), lb.load_study(base, "grpo", "grpo"), ["grpo"], 50,
+                     "rl_set")
+    assert out["rl_set"] == {"set": {"mempo.multi_rule": "mean"}, "base": "params.yaml"}
+    assert out["with_set"]["grpo"]["k2/objective_em"]["mean"] == pytest.approx(0.25)

@@ -253,3 +253,27 @@ def test_rl_mix_trains_rl_on_another_mixture_in_its_own_workdir(learning, tiny_w
         with pytest.raises(SystemExit):
             learning._args(["--rl-mix", *bad])
         assert re.search(why, capsys.readouterr().err)
+
+
+def test_rl_set_changes_a_params_key_of_every_rl_variant_and_nothing_the_variants_set(
+        learning, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--rl-set mempo.multi_rule=mean`: every RL job trains with partial credit, each variant
+    keeps its own keys, the study has a workdir of its own; keys the variants or the study set,
+    and keys params.yaml does not have, are refused by name before anything runs."""
+    a = learning._args(["--rl-set", "mempo.multi_rule=mean", "mempo.format_penalty=0.1", "--variants", "grpo",
+                        "mempo_half", "--workdir", str(tmp_path / "w")])
+    assert a.rl_set == {"mempo.multi_rule": "mean", "mempo.format_penalty": 0.1}
+    assert a.workdir == tmp_path / "w" / "full-set-mempo.multi_rule=mean-mempo.format_penalty=0.1"
+    inputs = {"sft-memory": tmp_path / "sft", "data": tmp_path / "data", "corpus": tmp_path / "corpus.jsonl"}
+    grpo, half = (learning.rl_params(v, 3, a, inputs) for v in ("grpo", "mempo_half"))
+    assert grpo.mempo.multi_rule == half.mempo.multi_rule == "mean" and grpo.mempo.format_penalty == 0.1
+    assert (grpo.mempo.lambda_mem, half.mempo.lambda_mem, grpo.train.seed) == (0.0, 0.5, 3)
+    plain = learning.rl_params("grpo", 3, learning._args(["--variants", "grpo"]), inputs)
+    assert plain.mempo.multi_rule == "all"
+    for bad, why in ((["mempo.lambda_mem=1"], "mempo.lambda_mem: set by the study or its variants"),
+                     (["train.steps=3"], "train.steps: set by the study"),
+                     (["mempo.multi_rul=mean"], "mempo.multi_rul.*unknown key"),
+                     (["mempo.multi_rule=most"], "mempo.multi_rule"), (["novalue"], "not KEY=VALUE")):
+        with pytest.raises(SystemExit):
+            learning._args(["--rl-set", *bad])
+        assert re.search(why, capsys.readouterr().err), bad

@@ -21,7 +21,7 @@ from mempo.io import iter_jsonl
 
 BENCHES = ("single", "k2", "k4")
 METRICS = ("em", "objective_em", "forgetting_rate")
-SAME = ("rl_steps", "batch_questions", "n_rollouts", "eval_tasks", "policy", "rl_mix")  # what must match to pool
+SAME = ("rl_steps", "batch_questions", "n_rollouts", "eval_tasks", "policy", "rl_mix", "rl_set")  # what must match to pool
 # The start a study's RL variants train from: its SFT checkpoints, evaluated before RL (results
 # `sft`, `sft_full`) on the same greedy test tasks, so one start gives the same numbers in every study.
 START_VARIANTS = ("sft", "sft_full")
