@@ -24,9 +24,10 @@ Protocol: the small world's entity-disjoint splits. The scripted teacher solves 
 questions of part `sft` (and k = 2..4 compositions of them) once; both SFT policies learn
 from those same episodes, for the same number of steps. RL runs on the data stage's mixture
 (part `rl` singles + k = 2 compositions; `--rl-mix` another, e.g. with k = 4 tasks; `--rl-set`
-changes a params key for every RL variant, e.g. the multi-objective reward rule), every RL variant with the same budget (steps, B x n
-rollouts, LR, max tokens) from the same SFT checkpoint of its format, and seeds paired: seed
-s of every variant sees the same task order. Evaluation is `mempo eval`'s own code
+changes a params key for every RL variant, e.g. the multi-objective reward rule), every RL
+variant with the same budget (steps, B x n rollouts, LR, max tokens) from the same SFT
+checkpoint of its format, and seeds paired: seed s of every variant sees the same task order.
+Evaluation is `mempo eval`'s own code
 (`mempo.evaluation.agent_runner.evaluate_items`), greedy (a prompt an episode has seen before
 sampled at `eval.rollout.repeat_temperature`, docs/evaluation.md), on the held-out test
 split: the same singles, world-k2 and world-k4 tasks for every variant (the untrained
@@ -386,12 +387,12 @@ def job_rl(variant: str, seed: int, a: argparse.Namespace, inputs: dict[str, Pat
     _quiet()
     from mempo.training.grpo import run_grpo
 
-    fmt = RL_VARIANTS[variant][0]
-    out = Path(a.workdir) / f"rl-{variant}-seed{seed}"
+    params = rl_params(variant, seed, a, inputs)
+    out = Path(params.train.out)
     t0 = time.perf_counter()
-    m = run_grpo(rl_params(variant, seed, a, inputs), tracking=False)
+    m = run_grpo(params, tracking=False)
     train_s = time.perf_counter() - t0
-    ev = evaluate_model(out / "model", AGENT_OF_FORMAT[fmt], test_tasks(inputs["world"], a), inputs["corpus"],
+    ev = evaluate_model(out / "model", AGENT_OF_FORMAT[RL_VARIANTS[variant][0]], test_tasks(inputs["world"], a), inputs["corpus"],
                         a.device)
     return {"train_seconds": train_s, "eval_seconds": time.perf_counter() - t0 - train_s,
             "mean_time_step": m["mean_time_step"], "mem_scoring_share": m["mem_scoring_share"],
@@ -555,7 +556,8 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                           + ("; a finished pipeline's (--from-pipeline)" if a.from_pipeline else "")
                           + (f"; a saved start's (--start {a.start})" if a.start else ""),
                    "policy": "tiny (2 x 128 Qwen2, BPE 1.5k)", "device": a.device,
-                   # the RL mixture where --rl-mix replaced params.yaml's (absent: singles + k=2)
+                   # the RL mixture where --rl-mix replaced params.yaml's (absent: singles + k=2), and
+                   # --rl-set's overrides (absent: none)
                    **({"rl_mix": a.rl_mix} if a.rl_mix else {}), **({"rl_set": a.rl_set} if a.rl_set else {}),
                    # which checkpoints RL started from (learning_pool.py / learning_budget.py compare it)
                    "start": {fmt: results[f"sft-{fmt}"].get("weights_sha256") for fmt in AGENT_OF_FORMAT

@@ -1,6 +1,6 @@
-"""What a longer RL budget (or another RL mixture) changes: two learning studies on the same seeds
-that differ only in `--rl-steps` (or, `--setting rl_mix`, in `--rl-mix`), compared variant by
-variant and seed by seed.
+"""What a longer RL budget (or another RL mixture, or a params override) changes: two learning
+studies on the same seeds that differ only in `--rl-steps` (or, `--setting rl_mix`, in
+`--rl-mix`; `--setting rl_set`, in `--rl-set`), compared variant by variant and seed by seed.
 
     .venv/bin/python benchmarks/learning_budget.py benchmarks/results/learning_rl600_seeds1_2.json \\
         benchmarks/results/learning_rl300_seeds1_4.json --variants grpo mempo_half \\
@@ -17,7 +17,8 @@ shorter run's end point) and by test task, with the two-level bootstrap of
 `mempo.evaluation.stats.paired_bootstrap` (seeds only where a study has no per-task file).
 With two variants A and B, also the gap A - B at each budget and how it changes
 (`gap.change`: per task, (A - B) long - (A - B) short): does the memory advantage's lead grow,
-hold or fade with more training? With `--setting rl_mix` the same for two RL mixtures: a seed
+hold or fade with more training? With `--setting rl_mix` / `rl_set` the same for two RL
+mixtures or overrides (the changed study first): a seed
 pairs the SFT start and the seed's draws, but not the task order (the mixtures' rows differ);
 the test tasks pair exactly. Only the seeds both studies ran are compared; studies that
 differ in anything but the RL steps (their SFT start included) are refused with the file and
@@ -91,8 +92,8 @@ DEFAULT_LABELS = {"params.yaml's data.compositions": "the default mixture", "par
 def compare(long: dict[str, Any], short: dict[str, Any], variants: list[str], n_boot: int = 2000,
             setting: str = "rl_steps") -> dict[str, Any]:
     """First - second per variant, and (two variants) the gap in each study and its change. The
-    studies differ only in `setting`: the RL steps (the longer first) or the RL mixture
-    (`--rl-mix`, the study with another mixture first)."""
+    studies differ only in `setting`: the RL steps (the longer first), the RL mixture (`--rl-mix`)
+    or the params overrides (`--rl-set`), the study that changed it first."""
     x, y, diff_key = SETTINGS[setting]
     what = {"rl_steps": "only the RL steps may differ", "rl_mix": "only the RL mixture may differ",
             "rl_set": "only the --rl-set overrides may differ"}[setting]
@@ -179,10 +180,10 @@ def plot(out: dict[str, Any], path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("long", type=Path, help="learning.py --out file of the longer RL budget (--setting rl_mix: of "
-                                            "the study run with --rl-mix)")
-    ap.add_argument("short", type=Path, help="learning.py --out file of the shorter one (rl_mix: of the study on "
-                                             "params.yaml's mixture, or another), on (some of) the same seeds")
+    ap.add_argument("long", type=Path, help="learning.py --out file of the longer RL budget (--setting rl_mix / "
+                                            "rl_set: of the study run with --rl-mix / --rl-set)")
+    ap.add_argument("short", type=Path, help="learning.py --out file of the shorter one (rl_mix / rl_set: of the "
+                                             "study without, or with others), on (some of) the same seeds")
     ap.add_argument("--variants", nargs="+", required=True, help="variants both studies ran (two: also their gap)")
     ap.add_argument("--setting", choices=list(SETTINGS), default="rl_steps",
                     help="what the two studies differ in (default: the RL steps)")
