@@ -162,13 +162,14 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _override(text: str) -> tuple[str, Any]:
-    """`KEY=VALUE` (`--rl-set`), the value read as YAML (numbers, booleans, null)."""
-    import yaml
+    """`KEY=VALUE` (`--rl-set`), read as `mempo --set` reads it (the value as YAML)."""
+    from mempo.config.loading import parse_override
+    from mempo.errors import ConfigError
 
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. mempo.multi_rule=mean)")
-    return key, yaml.safe_load(value)
+    try:
+        return parse_override(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. mempo.multi_rule=mean): {e}") from None
 
 
 def _composition(text: str) -> dict[str, Any]:

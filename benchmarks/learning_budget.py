@@ -81,9 +81,11 @@ def _interval(a: Runs, b: Runs, two_level: bool, n_boot: int) -> dict[str, float
     return seed_bootstrap(diffs, n_boot)
 
 
-# The setting two compared studies differ in: (first study's name, second's, key of first - second).
-SETTINGS = {"rl_steps": ("long", "short", "more_steps"), "rl_mix": ("mix", "base", "with_mix"),
-            "rl_set": ("set", "base", "with_set")}
+# The setting two compared studies differ in: (first study's name, second's, key of first - second,
+# what the setting is called in the refusal of studies that differ in more).
+SETTINGS = {"rl_steps": ("long", "short", "more_steps", "the RL steps"),
+            "rl_mix": ("mix", "base", "with_mix", "the RL mixture"),
+            "rl_set": ("set", "base", "with_set", "the --rl-set overrides")}
 # What a study without config.<setting> trained RL with (learning.py records rl_mix / rl_set only where given).
 DEFAULTS = {"rl_mix": "params.yaml's data.compositions", "rl_set": "params.yaml"}
 DEFAULT_LABELS = {"params.yaml's data.compositions": "the default mixture", "params.yaml": "params.yaml"}
@@ -94,10 +96,9 @@ def compare(long: dict[str, Any], short: dict[str, Any], variants: list[str], n_
     """First - second per variant, and (two variants) the gap in each study and its change. The
     studies differ only in `setting`: the RL steps (the longer first), the RL mixture (`--rl-mix`)
     or the params overrides (`--rl-set`), the study that changed it first."""
-    x, y, diff_key = SETTINGS[setting]
-    what = {"rl_steps": "only the RL steps may differ", "rl_mix": "only the RL mixture may differ",
-            "rl_set": "only the --rl-set overrides may differ"}[setting]
-    check_same_settings(long["path"], long["config"], short["path"], short["config"], what, but=(setting,))
+    x, y, diff_key, called = SETTINGS[setting]
+    check_same_settings(long["path"], long["config"], short["path"], short["config"], f"only {called} may differ",
+                        but=(setting,))
     check_same_start([long, short])
     values = tuple(st["config"].get(setting) or DEFAULTS.get(setting) for st in (long, short))
     if setting == "rl_steps" and values[0] <= values[1]:
@@ -144,7 +145,7 @@ def compare(long: dict[str, Any], short: dict[str, Any], variants: list[str], n_
 def _setting(out: dict[str, Any]) -> tuple[str, str, str, str]:
     """The setting a comparison (`compare`'s) is of, its two studies' names and its key."""
     setting = next(k for k in SETTINGS if k in out)
-    return (setting, *SETTINGS[setting])
+    return (setting, *SETTINGS[setting][:3])
 
 
 def _describe(value: Any) -> str:

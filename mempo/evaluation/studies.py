@@ -165,8 +165,8 @@ def check_same_start(studies: list[dict[str, Any]]) -> None:
         if key is not None:
             value, other = st["start"][key], first["start"][key]
             raise MempoError(f"{st['path']}: its RL start has {key} {value!r}, but {first['path']}'s has {other!r}: "
-                                 "the studies start from different SFT checkpoints (or evaluate them differently); "
-                                 "pool or compare only studies of one start")
+                             "the studies start from different SFT checkpoints (or evaluate them differently); "
+                             "pool or compare only studies of one start")
 
 
 def start_difference(x: dict[str, Any], y: dict[str, Any]) -> str | None:
