@@ -7,7 +7,7 @@ Pure functions, no trainer needed. Metrics return per-sample values; aggregate w
     substring_match("It is the Eiffel Tower.", ["eiffel tower"])  # -> 1.0
     token_f1("Eiffel Tower Paris", ["Eiffel Tower"])           # -> 0.8 (P=2/3, R=1)
     multi_objective_scores("Paris; 1900", ["Paris", ["1901", "1900"]])
-    # -> ObjectiveScores(per_objective=[1.0, 1.0], mean=1.0, all_correct=1.0)
+    # -> ObjectiveScores(per_objective=[1.0, 1.0], mean=1.0, all_correct=1.0, parts=2)
     outcome_reward(answer="Paris", golden_answers=["Paris"], format_valid=True)   # -> 1.0
     compute_score("world", "<mem> m </mem> <answer> Paris </answer>", ["Paris"])  # -> 1.0
 
@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from mempo.agent.format import ANSWER_SEP, ParsedTurn, parse_turn
 
-MultiRule = Literal["all", "mean", "any"]
+MultiRule = Literal["all", "mean", "mean_k", "any"]
 FormatRule = Literal["strict", "penalty", "ignore"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -106,21 +106,27 @@ def token_f1(prediction: str | None, golden_answers: str | Sequence[str], punct:
 
 @dataclass(frozen=True)
 class ObjectiveScores:
-    """Per-objective exact match of a `a1; a2; ...` answer and its aggregates (all in [0, 1])."""
+    """Per-objective exact match of a `a1; a2; ...` answer and its aggregates (all in [0, 1]),
+    and how many `;`-separated parts the answer had (0 for no answer)."""
 
     per_objective: list[float]
     mean: float
     all_correct: float
+    parts: int = 0
 
     def score(self, rule: MultiRule = "all") -> float:
-        """The task's correctness under `rule`: all objectives right, their mean, or any."""
+        """The task's correctness under `rule`: all objectives right; their mean; their mean
+        only when the answer has exactly one part per objective, else 0 (`mean_k`: partial
+        credit that does not pay an answer which dropped objectives); or any right."""
         if rule == "all":
             return self.all_correct
         if rule == "mean":
             return self.mean
+        if rule == "mean_k":
+            return self.mean if self.parts == len(self.per_objective) else 0.0
         if rule == "any":
             return float(any(self.per_objective))
-        raise ValueError(f"unknown multi-objective rule '{rule}' (all | mean | any)")
+        raise ValueError(f"unknown multi-objective rule '{rule}' (all | mean | mean_k | any)")
 
 
 def multi_objective_scores(
@@ -135,7 +141,7 @@ def multi_objective_scores(
     parts = [] if prediction is None else [p.strip() for p in prediction.split(ANSWER_SEP)]
     per = [exact_match(parts[i], objectives[i]) if i < len(parts) else 0.0 for i in range(k)]
     mean = sum(per) / k if k else 0.0
-    return ObjectiveScores(per, mean, float(k > 0 and all(per)))
+    return ObjectiveScores(per, mean, float(k > 0 and all(per)), len(parts))
 
 
 def objective_answers(golden_answers: Sequence[str], extra_info: dict[str, Any] | None = None) -> list[list[str]]:

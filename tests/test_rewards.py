@@ -113,6 +113,23 @@ def test_multi_objective_scores():
     assert multi_objective_scores(None, ["a"]).per_objective == [0.0]
 
 
+def test_mean_k_pays_partial_credit_only_for_one_part_per_objective():
+    objs = ["Paris", "1900", "Rome", "Oslo"]
+    two_right_of_four = multi_objective_scores("Paris; 1900; Lyon; Bergen", objs)
+    assert two_right_of_four.parts == 4
+    assert two_right_of_four.score("mean_k") == two_right_of_four.score("mean") == 0.5
+    dropped = multi_objective_scores("Paris; 1900", objs)  # the same two right, two objectives dropped
+    assert (dropped.parts, dropped.score("mean"), dropped.score("mean_k")) == (2, 0.5, 0.0)
+    extra = multi_objective_scores("Paris; 1900; Rome; Oslo; Bern", objs)  # one part too many
+    assert (extra.score("all"), extra.score("mean"), extra.score("mean_k")) == (1.0, 1.0, 0.0)
+    assert multi_objective_scores(None, objs).score("mean_k") == 0.0
+    assert answer_correctness("Paris; 1900", ["x"], [["Paris"], ["1900"], ["Rome"]], multi_rule="mean_k") == 0.0
+    assert compute_score("world", "<mem> m </mem> <answer> Paris; 1901 </answer>", ["Paris; 1900"],
+                         multi_rule="mean_k") == 0.5
+    with pytest.raises(ValueError, match="mean_k"):
+        dropped.score("median")  # type: ignore[arg-type]
+
+
 def test_objective_answers_and_correctness_rules():
     assert objective_answers(["a; b"]) == [["a"], ["b"]]
     meta = {"metadata": {"objectives": [{"golden_answers": ["x", "ex"]}, {"golden_answers": ["y"]}]}}
