@@ -129,6 +129,12 @@ class ObjectiveScores:
         raise ValueError(f"unknown multi-objective rule '{rule}' (all | mean | mean_k | any)")
 
 
+def answer_parts(prediction: str | None) -> list[str]:
+    """The `;`-separated parts of an answer, stripped ([] for no answer): the objectives' answers
+    in order, and what `mean_k` and the `wrong count` outcome count."""
+    return [] if prediction is None else [p.strip() for p in prediction.split(ANSWER_SEP)]
+
+
 def multi_objective_scores(
     prediction: str | None, objectives: Sequence[str | Sequence[str]]
 ) -> ObjectiveScores:
@@ -138,7 +144,7 @@ def multi_objective_scores(
     accepted answers for objective i.
     """
     k = len(objectives)
-    parts = [] if prediction is None else [p.strip() for p in prediction.split(ANSWER_SEP)]
+    parts = answer_parts(prediction)
     per = [exact_match(parts[i], objectives[i]) if i < len(parts) else 0.0 for i in range(k)]
     mean = sum(per) / k if k else 0.0
     return ObjectiveScores(per, mean, float(k > 0 and all(per)), len(parts))

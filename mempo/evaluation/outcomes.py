@@ -25,7 +25,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from mempo.agent.format import ANSWER_SEP
+from mempo.rewards import answer_parts
 
 OUTCOMES = ("correct", "partly correct", "wrong", "wrong count", "no answer", "turn limit", "context limit")
 
@@ -54,7 +54,7 @@ def episode_outcome(row: Mapping[str, Any]) -> str:
         return "no answer"
     k = int(row.get("k") or 1)
     if k > 1:
-        if len(prediction.split(ANSWER_SEP)) != k:
+        if len(answer_parts(prediction)) != k:
             return "wrong count"
         if _flag(row, "objective_em"):
             return "partly correct"
