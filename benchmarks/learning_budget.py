@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -81,11 +81,18 @@ def _interval(a: Runs, b: Runs, two_level: bool, n_boot: int) -> dict[str, float
     return seed_bootstrap(diffs, n_boot)
 
 
-# The setting two compared studies differ in: (first study's name, second's, key of first - second,
-# what the setting is called in the refusal of studies that differ in more).
-SETTINGS = {"rl_steps": ("long", "short", "more_steps", "the RL steps"),
-            "rl_mix": ("mix", "base", "with_mix", "the RL mixture"),
-            "rl_set": ("set", "base", "with_set", "the --rl-set overrides")}
+class Setting(NamedTuple):
+    """What two compared studies differ in, as a comparison names it."""
+
+    first: str  # the first study's name in the output
+    second: str  # the second study's
+    diff_key: str  # the key of first - second
+    called: str  # what the setting is called in the refusal of studies that differ in more
+
+
+SETTINGS = {"rl_steps": Setting("long", "short", "more_steps", "the RL steps"),
+            "rl_mix": Setting("mix", "base", "with_mix", "the RL mixture"),
+            "rl_set": Setting("set", "base", "with_set", "the --rl-set overrides")}
 # What a study without config.<setting> trained RL with (learning.py records rl_mix / rl_set only where given).
 DEFAULTS = {"rl_mix": "params.yaml's data.compositions", "rl_set": "params.yaml"}
 DEFAULT_LABELS = {"params.yaml's data.compositions": "the default mixture", "params.yaml": "params.yaml"}
@@ -142,10 +149,10 @@ def compare(long: dict[str, Any], short: dict[str, Any], variants: list[str], n_
     return out
 
 
-def _setting(out: dict[str, Any]) -> tuple[str, str, str, str]:
-    """The setting a comparison (`compare`'s) is of, its two studies' names and its key."""
+def _setting(out: dict[str, Any]) -> tuple[str, Setting]:
+    """The setting a comparison (`compare`'s) is of, and its names."""
     setting = next(k for k in SETTINGS if k in out)
-    return (setting, *SETTINGS[setting][:3])
+    return setting, SETTINGS[setting]
 
 
 def _describe(value: Any) -> str:
@@ -158,7 +165,8 @@ def _describe(value: Any) -> str:
 
 
 def title(out: dict[str, Any]) -> str:
-    setting, x, y, _ = _setting(out)
+    setting, names = _setting(out)
+    x, y = names.first, names.second
     first, second = (_describe(out[setting][w]) for w in (x, y))
     return f"{first} - {second} RL steps" if setting == "rl_steps" else f"RL on {first} - on {second}"
 
@@ -167,7 +175,7 @@ def plot(out: dict[str, Any], path: Path) -> Path:
     """First - second per variant (and the change of the gap) as a forest plot, objective EM and EM."""
     from mempo.training.plots import plot_forest
 
-    _, _, _, diff_key = _setting(out)
+    diff_key = _setting(out)[1].diff_key
     keys = [f"{bench}/{m}" for bench in BENCHES for m in ("em", "objective_em")]  # those with a value
     rows = [(f"{v}: {key}", d, {}) for v in out["variants"] for key in keys
             if (d := out[diff_key][v].get(key)) is not None]
@@ -200,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     except MempoError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    _, x, y, diff_key = _setting(out)
+    _, (x, y, diff_key, _) = _setting(out)
     print(f"{title(out)}, seeds {out['seeds']} ({out['resampled']} resampled)")
     for v, diffs in out[diff_key].items():
         for key, d in diffs.items():
