@@ -16,8 +16,9 @@ objective of every task, where its answer ended up (`mempo.forgetting.objective_
 never retrieved; retrieved but never written to a memory; in a memory, then dropped; in the last
 memory and still answered wrong. With how the episode ended (answered, turn limit, context
 limit). Per variant: the shares per seed and their mean, per set and objective position.
-Writes the JSON and beside it a stacked-bar plot (`.png`). Jobs run in `--jobs` single-threaded
-processes.
+Writes the JSON and beside it a plot (`.png`): the shares as stacked bars, and per objective
+position the share right and the share never retrieved (`--replot JSON` redraws it from the
+file). Jobs run in `--jobs` single-threaded processes.
 """
 
 from __future__ import annotations
@@ -142,8 +143,9 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     colors = ["#4c9a2a", "#d62728", "#ff7f0e", "#9467bd", "#8c564b"]
-    fig, axes = plt.subplots(1, len(SETS), figsize=(5.5 * len(SETS), 4.2), sharey=True)
-    names = list(summary)
+    fig, grid = plt.subplots(2, len(SETS), figsize=(5.5 * len(SETS), 8.0), sharey="row")
+    axes, by_pos = grid[0], grid[1]
+    names = sorted(summary, key=lambda n: n != "sft")  # the start first (a written JSON has its keys sorted)
     for ax, s in zip(axes, SETS, strict=True):
         bottom = [0.0] * len(names)
         for f, c in zip(FATES, colors, strict=True):
@@ -155,6 +157,22 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("share of objectives (mean over seeds)")
     axes[-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    # Per objective position: which of a task's objectives the policies get right, and which they never see.
+    line_colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, s in zip(by_pos, SETS, strict=True):
+        for name, c in zip(names, line_colors, strict=False):
+            per = summary[name][s]["fates_by_objective"]
+            pos = sorted(per, key=int)
+            ax.plot([int(p) for p in pos], [per[p]["right"] for p in pos], "-o", color=c, label=f"{name}: right")
+            ax.plot([int(p) for p in pos], [per[p]["never retrieved"] for p in pos], "--x", color=c,
+                    label=f"{name}: never retrieved")
+        ax.set_title(f"world-{s}: per objective position")
+        ax.set_xlabel("objective")
+        ax.set_xticks(range(1, 1 + max(len(summary[n][s]["fates_by_objective"]) for n in names)))
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    by_pos[0].set_ylabel("share of that objective (mean over seeds)")
+    by_pos[-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     out = path.with_suffix(".png")
     fig.savefig(out, dpi=110)
@@ -166,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--replot", type=Path, metavar="JSON",
+                       help="only redraw the plot of a file this script wrote (beside it, .png)")
     where.add_argument("--from-pipeline", type=Path, metavar="ROOT",
                        help="a finished make run (world, corpus, memory SFT checkpoint)")
     where.add_argument("--start", type=Path, metavar="DIR",
@@ -177,6 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "objective_fates.json")
     a = ap.parse_args(argv)
+    if a.replot:
+        try:
+            summary = json.loads(a.replot.read_text())["results"]
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: {a.replot}: not an objective_fates.py output ({e})", file=sys.stderr)
+            return 2
+        print(f"wrote {plot(summary, a.replot)}")
+        return 0
     a.from_pipeline = a.from_pipeline and a.from_pipeline.resolve()
     try:
         world, sft = start(a)

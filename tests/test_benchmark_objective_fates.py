@@ -87,3 +87,26 @@ def test_a_saved_start_gives_the_sft_checkpoint_and_the_study_s_world(tmp_path, 
     manifest.write_text(manifest.read_text().replace('"qa/test.jsonl": "', '"qa/test.jsonl": "0'))
     with pytest.raises(MempoError, match="another world"):
         m.start(a)
+
+
+def test_replot_redraws_from_the_written_file_and_names_a_file_that_is_not_one(tmp_path, capsys):
+    """--replot: the plot (bars, and per objective position right / never retrieved) from the
+    JSON alone; a file without results is refused by name, with nothing written."""
+    m = fates_mod()
+    rows = [_row("a", "Paris; 1900", [("Answer: Paris, 1900.", "... Paris 1900 ...")]),
+            _row("b", "Rome; Lima", [("Rome", "... Rome ...")])]
+    shares = m.fate_shares(rows, TASKS)
+    summary = m.summarise([("sft", None, {"k2": shares, "k4": shares}), ("grpo", 0, {"k2": shares, "k4": shares})])
+    out = tmp_path / "fates.json"
+    out.write_text(json.dumps({"results": summary}))
+    assert m.main(["--replot", str(out)]) == 0
+    png = out.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    assert Image.open(png).size[1] > Image.open(png).size[0] / 2  # two rows of panels, not one
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"benchmark": "decode"}))
+    assert m.main(["--replot", str(bad)]) == 2
+    assert "other.json: not an objective_fates.py output" in capsys.readouterr().err
+    assert not bad.with_suffix(".png").exists()
