@@ -198,12 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "objective_fates.json")
     a = ap.parse_args(argv)
     if a.replot:
-        try:
-            summary = json.loads(a.replot.read_text())["results"]
-        except (OSError, ValueError, KeyError) as e:
-            print(f"error: {a.replot}: not an objective_fates.py output ({e})", file=sys.stderr)
+        try:  # the plot is saved only once drawn, so a file it cannot read leaves no .png behind
+            png = plot(json.loads(a.replot.read_text())["results"], a.replot)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"error: {a.replot}: not an objective_fates.py output ({type(e).__name__}: {e})", file=sys.stderr)
             return 2
-        print(f"wrote {plot(summary, a.replot)}")
+        print(f"wrote {png}")
         return 0
     a.from_pipeline = a.from_pipeline and a.from_pipeline.resolve()
     try:

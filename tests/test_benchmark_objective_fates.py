@@ -110,3 +110,8 @@ def test_replot_redraws_from_the_written_file_and_names_a_file_that_is_not_one(t
     assert m.main(["--replot", str(bad)]) == 2
     assert "other.json: not an objective_fates.py output" in capsys.readouterr().err
     assert not bad.with_suffix(".png").exists()
+    half = tmp_path / "half.json"  # results without the per-position shares
+    half.write_text(json.dumps({"results": {"grpo": {s: {"fates": summary["grpo"][s]["fates"]} for s in m.SETS}}}))
+    assert m.main(["--replot", str(half)]) == 2
+    assert "half.json: not an objective_fates.py output (KeyError" in capsys.readouterr().err
+    assert not half.with_suffix(".png").exists()
