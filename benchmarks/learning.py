@@ -124,6 +124,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rl-set", nargs="+", default=None, metavar="KEY=VALUE", type=_override,
                     help="params overrides for every RL variant, e.g. mempo.multi_rule=mean (partial credit on "
                          "multi-objective tasks); not the keys the variants or the study set; own workdir")
+    ap.add_argument("--sft-set", nargs="+", default=None, metavar="KEY=VALUE", type=_override,
+                    help="sft.* params overrides for the teacher episodes and the SFT start trained here, e.g. "
+                         "sft.memory_layout=queue; own workdir (not with --start or --from-pipeline)")
     ap.add_argument("--workdir", default=str(REPO / "outputs" / "bench-learning"))
     ap.add_argument("--out", default=str(RESULTS / "learning.json"))
     a = ap.parse_args(argv)
@@ -151,14 +154,33 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         taken = sorted(k for k in a.rl_set if k.startswith("train.") or any(k in o for _, o in RL_VARIANTS.values()))
         if taken:
             ap.error(f"--rl-set: {', '.join(taken)}: set by the study or its variants, not overridable")
-        from mempo.errors import MempoError
-
-        try:
-            _params(a.rl_set)
-        except MempoError as e:
-            ap.error(f"--rl-set: {e}")
+        _check_set(ap, "--rl-set", a.rl_set)
         a.workdir = a.workdir.with_name(f"{a.workdir.name}-set-" + "-".join(f"{k}={v}" for k, v in a.rl_set.items()))
+    if a.sft_set:
+        if a.start or a.from_pipeline:
+            ap.error("--sft-set changes the SFT start trained here: not with --start or --from-pipeline")
+        a.sft_set = dict(a.sft_set)
+        wrong = sorted(k for k in a.sft_set if not k.startswith("sft.") or k.removeprefix("sft.") in SFT_SET_BY_STUDY)
+        if wrong:
+            ap.error(f"--sft-set: {', '.join(wrong)}: only sft.* keys the study does not set itself")
+        _check_set(ap, "--sft-set", a.sft_set)
+        a.workdir = a.workdir.with_name(f"{a.workdir.name}-sft-" + "-".join(f"{k}={v}" for k, v in a.sft_set.items()))
     return a
+
+
+def _check_set(ap: argparse.ArgumentParser, flag: str, overrides: dict[str, Any]) -> None:
+    """Stop with `flag`'s name when `overrides` do not give valid params."""
+    from mempo.errors import MempoError
+
+    try:
+        _params(overrides)
+    except MempoError as e:
+        ap.error(f"{flag}: {e}")
+
+
+# sft.* keys the study sets itself (paths, the step budget, resumption, device).
+SFT_SET_BY_STUDY = ("policy", "out", "world", "retriever", "trajectories", "val_trajectories", "teacher_out",
+                    "max_steps", "resume", "device", "max_tokens")
 
 
 def _override(text: str) -> tuple[str, Any]:
@@ -241,7 +263,7 @@ def prepare_inputs(a: argparse.Namespace) -> dict[str, Path]:
     if a.start:
         return common | start_inputs(a, world)
     if not (teach / "train_episodes.jsonl").exists():
-        _teacher_episodes(world, data, corpus, policy, teach)
+        _teacher_episodes(teacher_params(a, world, data, corpus, policy, teach))
     return common | {"teacher": teach,
                      **{f"sft-{fmt}": w / f"sft-{fmt}" / "model" for fmt in AGENT_OF_FORMAT}}  # trained by job_sft
 
@@ -252,7 +274,7 @@ def data_overrides(a: argparse.Namespace, world: Path, data: Path) -> dict[str, 
     return {"data.sources": [{"name": "world", "path": str(world / "qa" / "train.jsonl"), "split": "train"},
                              {"name": "world", "path": str(world / "qa" / "val.jsonl"), "split": "val"}],
             "data.eval_sets": [str(world / "qa" / "test.jsonl")], "data.out": str(data), "data.gate": False,
-            "sft.world": str(world), **({"data.compositions": a.rl_mix} if a.rl_mix else {})}
+            "sft.world": str(world), **({"data.compositions": a.rl_mix} if a.rl_mix else {}), **(a.sft_set or {})}
 
 
 def start_inputs(a: argparse.Namespace, world: Path) -> dict[str, Path]:
@@ -269,11 +291,16 @@ def start_inputs(a: argparse.Namespace, world: Path) -> dict[str, Path]:
                                                                                     ("-metrics", "metrics"))}
 
 
-def _teacher_episodes(world: Path, data: Path, corpus: Path, policy: Path, out: Path) -> None:
+def teacher_params(a: argparse.Namespace, world: Path, data: Path, corpus: Path, policy: Path, out: Path) -> Any:
+    """The teacher stage's params: params.yaml, `--sft-set`, the study's paths."""
+    return _params({**(a.sft_set or {}), "sft.world": str(world), "data.out": str(data), "sft.policy": str(policy),
+                    "sft.retriever": str(corpus), "sft.teacher_out": str(out)})
+
+
+def _teacher_episodes(params: Any) -> None:
     from mempo.training.sft_data import run_teacher
 
-    stats = run_teacher(_params({"sft.world": str(world), "data.out": str(data), "sft.policy": str(policy),
-                                 "sft.retriever": str(corpus), "sft.teacher_out": str(out)}), tracking=False)
+    stats = run_teacher(params, tracking=False)
     print(f"teacher: {stats['data_correct']:.0f}/{stats['data_episodes']:.0f} episodes correct", flush=True)
 
 
@@ -354,12 +381,7 @@ def job_sft(context: str, a: argparse.Namespace, inputs: dict[str, Path]) -> dic
     if a.from_pipeline or a.start:
         m, train_s = json.loads(inputs[f"sft-{context}-metrics"].read_text()), None
     else:
-        m = run_sft(_params({
-            "rollout.context": context, "sft.policy": str(inputs["policy"]), "sft.out": str(model.parent),
-            "sft.trajectories": str(inputs["teacher"] / "train_episodes.jsonl"),
-            "sft.val_trajectories": str(inputs["teacher"] / "val_episodes.jsonl"),
-            "sft.max_steps": a.sft_steps, "sft.resume": "auto", "sft.device": a.device,
-            "sft.max_tokens": 4096 if context == "full" else _params({}).sft.max_tokens}), tracking=False)
+        m = run_sft(sft_params(context, a, inputs), tracking=False)
         train_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     ev = evaluate_model(model, AGENT_OF_FORMAT[context], test_tasks(inputs["world"], a), inputs["corpus"], a.device)
@@ -369,6 +391,17 @@ def job_sft(context: str, a: argparse.Namespace, inputs: dict[str, Path]) -> dic
                                                                   "tokens_per_s")},
             "from": str(model), "weights_sha256": weights_sha256(model), "eval": ev,
             "eval_seconds": time.perf_counter() - t1}
+
+
+def sft_params(context: str, a: argparse.Namespace, inputs: dict[str, Path]) -> Any:
+    """The params of one format's SFT job: params.yaml, `--sft-set`, the study's paths and budget."""
+    return _params({
+        **(a.sft_set or {}), "rollout.context": context, "sft.policy": str(inputs["policy"]),
+        "sft.out": str(inputs[f"sft-{context}"].parent),
+        "sft.trajectories": str(inputs["teacher"] / "train_episodes.jsonl"),
+        "sft.val_trajectories": str(inputs["teacher"] / "val_episodes.jsonl"),
+        "sft.max_steps": a.sft_steps, "sft.resume": "auto", "sft.device": a.device,
+        "sft.max_tokens": 4096 if context == "full" else _params({}).sft.max_tokens})
 
 
 def rl_params(variant: str, seed: int, a: argparse.Namespace, inputs: dict[str, Path]) -> Any:
@@ -560,6 +593,7 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                    # the RL mixture where --rl-mix replaced params.yaml's (absent: singles + k=2), and
                    # --rl-set's overrides (absent: none)
                    **({"rl_mix": a.rl_mix} if a.rl_mix else {}), **({"rl_set": a.rl_set} if a.rl_set else {}),
+                   **({"sft_set": a.sft_set} if a.sft_set else {}),
                    # which checkpoints RL started from (learning_pool.py / learning_budget.py compare it)
                    "start": {fmt: results[f"sft-{fmt}"].get("weights_sha256") for fmt in AGENT_OF_FORMAT
                              if f"sft-{fmt}" in results},

@@ -7,15 +7,20 @@
     .venv/bin/python benchmarks/objective_fates.py --start benchmarks/starts/c9cbcc85 \\
         --workdirs <learning.py --workdir>/full --variants grpo mempo_half --seeds 0 1 2 3
 
-For the memory-format SFT checkpoint of a finished `make run` (`--from-pipeline`) or a saved
-start (`--start`, with the study's world from the first `--workdirs`), and the RL
+    .venv/bin/python benchmarks/objective_fates.py --study-sft --workdirs <learning.py --workdir>/full-sft-...
+
+For the memory-format SFT checkpoint of a finished `make run` (`--from-pipeline`), a saved
+start (`--start`, with the study's world from the first `--workdirs`) or the one a study trained
+itself (`--study-sft`: the first `--workdirs`' sft-memory/model and world), and the RL
 checkpoints a learning study kept (`<workdir>/rl-<variant>-seed<s>/model`, the first of
 `--workdirs` that has it), greedy evaluation through `mempo eval`'s code on the learning study's
 own held-out world-k2 and world-k4 tasks (`benchmarks/learning.py`'s `test_tasks`), then, per
 objective of every task, where its answer ended up (`mempo.forgetting.objective_fates`): right;
 never retrieved; retrieved but never written to a memory; in a memory, then dropped; in the last
 memory and still answered wrong. With how the episode ended (answered, turn limit, context
-limit). Per variant: the shares per seed and their mean, per set and objective position.
+limit), and in what order its memories took the objectives on (the question after "Now:",
+`mempo.agent.teacher.objective_order`): all in order, in order but stopped early, skipped one,
+went back, a question the task does not have, or none. Per variant: the shares per seed and their mean, per set and objective position.
 Writes the JSON and beside it a plot (`.png`): the shares as stacked bars, and per objective
 position the share right and the share never retrieved (`--replot JSON` redraws it from the
 file). Jobs run in `--jobs` single-threaded processes.
@@ -60,18 +65,43 @@ def row_fates(row: dict[str, Any], objectives: list[list[str]]) -> tuple[str, li
     return ended, objective_fates(objectives, steps, correct)
 
 
+ORDERS = ("all in order", "in order, stopped early", "skipped one", "went back", "miscopied", "no question")
+
+
+def order_kind(order: list[int], k: int) -> str:
+    """How an episode moved through its k objectives (`mempo.agent.teacher.objective_order`'s
+    list): one of `ORDERS`, the first that applies from the end of the tuple backwards."""
+    if not order:
+        return ORDERS[5]
+    if 0 in order:
+        return ORDERS[4]
+    if any(b < a for a, b in zip(order, order[1:], strict=False)):
+        return ORDERS[3]
+    if order[0] != 1 or any(b > a + 1 for a, b in zip(order, order[1:], strict=False)):
+        return ORDERS[2]
+    return ORDERS[0] if order[-1] == k else ORDERS[1]
+
+
 def fate_shares(rows: list[dict[str, Any]], tasks: dict[str, Any]) -> dict[str, Any]:
-    """Shares of objectives per fate (all positions, and per position), and of episodes per end."""
+    """Shares of objectives per fate (all positions, and per position), and of episodes per end
+    and per order in which their memories took the objectives on (`order_kind`)."""
+    from mempo.agent.teacher import objective_order
+
     by_pos: dict[int, Counter[str]] = {}
     ends: Counter[str] = Counter()
+    orders: Counter[str] = Counter()
     for row in rows:
-        ended, fates = row_fates(row, [list(o) for o in tasks[row["id"]].answer_lists])
+        task = tasks[row["id"]]
+        ended, fates = row_fates(row, [list(o) for o in task.answer_lists])
         ends[ended] += 1
+        memories = [t.get("memory") for t in json.loads(row["transcript"])] if row.get("transcript") else []
+        orders[order_kind(objective_order(memories, [o.question for o in task.objectives]), len(task.objectives))] += 1
         for i, f in enumerate(fates):
             by_pos.setdefault(i + 1, Counter())[f] += 1
     total: Counter[str] = sum(by_pos.values(), Counter())
     n_obj = sum(total.values())
     return {"tasks": len(rows), "ended": {e: c / len(rows) for e, c in sorted(ends.items())},
+            "order": {o: orders[o] / len(rows) for o in ORDERS},
             "fates": {f: total[f] / n_obj for f in FATES},
             "fates_by_objective": {str(p): {f: c[f] / sum(c.values()) for f in FATES} for p, c in sorted(by_pos.items())}}
 
@@ -92,15 +122,21 @@ def start(a: argparse.Namespace) -> tuple[Path, Path]:
     start's (`--start`, checked against its hash and the world of the first --workdirs)."""
     import learning
 
-    if a.start is None:
+    if a.from_pipeline:
         inputs = learning.pipeline_inputs(a.from_pipeline)
         return inputs["world"], inputs["sft-memory"]
     from mempo.training.starts import load_start
 
+    flag = "--start" if a.start else "--study-sft"
     if not a.workdirs:
-        raise MempoError("--start needs --workdirs: the first one's world/ is the study's world")
+        raise MempoError(f"{flag} needs --workdirs: the first one's world/ is the study's world")
     world = a.workdirs[0] / "world"
-    return world, load_start(a.start, ["memory"], world)["memory"]["model"]
+    if a.start:
+        return world, load_start(a.start, ["memory"], world)["memory"]["model"]
+    sft = a.workdirs[0] / "sft-memory" / "model"
+    if not (sft / "config.json").is_file():
+        raise MempoError(f"--study-sft: no trained SFT checkpoint at {sft} (the study trains it first)")
+    return world, sft
 
 
 def models(a: argparse.Namespace, sft: Path) -> list[tuple[str, int | None, Path]]:
@@ -128,6 +164,7 @@ def summarise(results: list[tuple[str, int | None, dict[str, Any]]]) -> dict[str
                 "fates": {f: mean_of(lambda r, f=f: r["fates"][f]) for f in FATES},
                 "fates_by_objective": {p: {f: mean_of(lambda r, p=p, f=f: r["fates_by_objective"][p][f]) for f in FATES}
                                        for p in keys["fates_by_objective"]},
+                "order": {o: mean_of(lambda r, o=o: r["order"][o]) for o in ORDERS},
                 "ended": {e: mean_of(lambda r, e=e: r["ended"].get(e, 0.0))
                           for e in sorted({e for _, res in runs for e in res[s]["ended"]})},
                 "per_seed": {str(seed): res[s] for seed, res in runs},
@@ -190,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="a finished make run (world, corpus, memory SFT checkpoint)")
     where.add_argument("--start", type=Path, metavar="DIR",
                        help="a saved SFT start (benchmarks/starts/<sha>); the world is the first --workdirs' world/")
+    where.add_argument("--study-sft", action="store_true",
+                       help="the memory SFT checkpoint the first --workdirs' study trained (sft-memory/model), "
+                            "with its world/")
     ap.add_argument("--workdirs", type=Path, nargs="+", default=[],
                     help="learning.py workdirs (…/pipeline) holding rl-<variant>-seed<s>/model")
     ap.add_argument("--variants", nargs="*", default=["grpo", "mempo_half"])
@@ -231,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     for n, r in summary.items():
         for s in SETS:
             print(f"{n:12s} {s}: " + ", ".join(f"{f} {v:.3f}" for f, v in r[s]["fates"].items())
-                  + " | ended " + ", ".join(f"{e} {v:.3f}" for e, v in r[s]["ended"].items()))
+                  + " | ended " + ", ".join(f"{e} {v:.3f}" for e, v in r[s]["ended"].items())
+                  + " | order " + ", ".join(f"{o} {v:.3f}" for o, v in r[s]["order"].items()))
     print(f"wrote {a.out} and {png}")
     return 0
 

@@ -82,6 +82,31 @@ def test_teacher_multi_objective_tasks(rollout_world):
         # and its memory never drops an answer it has stored
         assert not episode_forgot(ep.objectives, [MemoryStep(t.memory, t.observation) for t in ep.turns])
 
+def test_teacher_queue_layout_keeps_the_questions_left_and_drops_the_head(rollout_world):
+    tok, retriever, items = rollout_world
+    tasks = compose_multi_objective(items, k=3, n_tasks=3, seed=1)
+    env = ToolEnv(retriever, tok, ToolConfig(topk=3))
+    cfg = RolloutConfig(max_turns=30)
+    now = run_episodes(tasks, ScriptedTeacher(tok), env, tok, config=cfg, progress=False)
+    queue = run_episodes(tasks, ScriptedTeacher(tok, layout="queue"), env, tok, config=cfg, progress=False)
+    for en, eq, task in zip(now, queue, tasks, strict=True):
+        assert eq.outcome_reward() == 1.0
+        # the same searches and answer: only the memory differs
+        assert [t.action for t in eq.turns] == [t.action for t in en.turns]
+        assert eq.turns[-1].response_text.split("<answer>")[1] == en.turns[-1].response_text.split("<answer>")[1]
+        qs = [o.question for o in task.objectives]
+        assert eq.turns[0].memory == f"Now: {task.question}" == f"Now: {'; '.join(qs)}"
+        lefts = []
+        for t in eq.turns[:-1]:
+            head, _, rest = t.memory.partition("Now: ")
+            lefts.append(next(len(qs) - i for i in range(len(qs)) if rest.startswith("; ".join(qs[i:]))))
+        assert lefts == sorted(lefts, reverse=True) and set(lefts) == {3, 2, 1}  # each drop is one head
+        assert "Now:" not in eq.turns[-1].memory and eq.turns[-1].memory == en.turns[-1].memory
+        _check_records(eq, tok)
+    with pytest.raises(ValueError, match="'list'.*now, queue"):
+        ScriptedTeacher(tok, layout="list")
+
+
 
 class _SearchMisses(InProcessRetriever):
     """A retriever whose search finds nothing (a weak index), with the real access call."""

@@ -22,8 +22,12 @@ def _row(task: str, prediction: str, turns: list[tuple[str | None, str | None]],
             "transcript": json.dumps([{"memory": m, "observation": o} for m, o in turns]), **extra}
 
 
-TASKS = {"a": SimpleNamespace(answer_lists=[["Paris"], ["1900"]]),
-         "b": SimpleNamespace(answer_lists=[["Rome"], ["Oslo"]])}
+def _task(answers: list[str], questions: list[str]) -> SimpleNamespace:
+    return SimpleNamespace(answer_lists=[[x] for x in answers], objectives=[SimpleNamespace(question=q) for q in questions])
+
+
+TASKS = {"a": _task(["Paris", "1900"], ["Where was A born?", "When was B born?"]),
+         "b": _task(["Rome", "Oslo"], ["Where was C born?", "Where was D born?"])}
 
 
 def test_row_fates_score_each_part_and_name_how_the_episode_ended():
@@ -44,11 +48,41 @@ def test_shares_are_over_objectives_and_episodes_and_means_over_seeds():
     assert shares["fates"]["right"] == pytest.approx(0.75) and shares["fates"]["never retrieved"] == pytest.approx(0.25)
     assert shares["fates_by_objective"]["2"]["never retrieved"] == pytest.approx(0.5)
     assert sum(shares["fates"].values()) == pytest.approx(1.0)
+    assert shares["order"]["no question"] == 1.0  # neither memory names a question in progress
     other = m.fate_shares(rows[:1], TASKS)  # a second seed that solved all it saw
     summary = m.summarise([("grpo", 0, {"k2": shares, "k4": shares}), ("grpo", 1, {"k2": other, "k4": other})])
     assert summary["grpo"]["seeds"] == [0, 1]
     assert summary["grpo"]["k2"]["fates"]["right"] == pytest.approx((0.75 + 1.0) / 2)
     assert set(summary["grpo"]["k2"]["per_seed"]) == {"0", "1"}
+
+
+def test_the_order_the_memories_take_the_objectives_on():
+    """`objective_order` reads the question after "Now:" (the head of the queue layout's list)
+    from each memory; `order_kind` names the walk, and the shares are over episodes."""
+    from mempo.agent.teacher import now_question, objective_order
+
+    m = fates_mod()
+    qs = ["Where was A born?", "When was B born?", "Who founded C?"]
+    assert now_question("Answers: x. Now: When was B born?; Who founded C? B was born in 1900.") == qs[1]
+    assert now_question("Answers: x; y.") is None and now_question(None) is None
+    walks = {"all in order": [f"Now: {qs[0]}", f"Now: {qs[0]} A was born in Rome.", f"Answers: Rome. Now: {qs[1]}",
+                              f"Answers: Rome; 1900. Now: {qs[2]}", "Answers: Rome; 1900; D."],
+             "in order, stopped early": [f"Now: {'; '.join(qs)}", f"Answers: Rome. Now: {'; '.join(qs[1:])}"],
+             "skipped one": [f"Now: {qs[0]}", f"Answers: Rome. Now: {qs[2]}"],
+             "went back": [f"Now: {qs[0]}", f"Now: {qs[1]}", f"Now: {qs[0]}"],
+             "miscopied": [f"Now: {qs[0]}", "Now: When was Bee born?"],
+             "no question": ["Nothing found yet.", None]}
+    assert objective_order(walks["all in order"], qs) == [1, 2, 3]
+    assert objective_order(walks["miscopied"], qs) == [1, 0]
+    for kind, memories in walks.items():
+        assert m.order_kind(objective_order(memories, qs), 3) == kind, kind
+    assert m.order_kind([2, 3], 3) == "skipped one"  # started past objective 1
+    task = _task(["Rome", "1900", "D"], qs)
+    rows = [_row("t", "Rome; 1900; D", [(mem, None) for mem in walks[kind]])
+            for kind in ("all in order", "all in order", "skipped one", "no question")]
+    order = m.fate_shares(rows, {"t": task})["order"]
+    assert order == {"all in order": 0.5, "in order, stopped early": 0.0, "skipped one": 0.25, "went back": 0.0,
+                     "miscopied": 0.0, "no question": 0.25}
 
 
 def test_a_missing_checkpoint_is_named(tmp_path):
@@ -83,6 +117,15 @@ def test_a_saved_start_gives_the_sft_checkpoint_and_the_study_s_world(tmp_path, 
                            ("grpo", 7, work / "rl-grpo-seed7" / "model")]
     with pytest.raises(MempoError, match="--start needs --workdirs"):
         m.start(SimpleNamespace(from_pipeline=None, start=tmp_path / "start", workdirs=[]))
+    # --study-sft: the checkpoint the first workdir's study trained, once it exists
+    own = SimpleNamespace(from_pipeline=None, start=None, workdirs=[work])
+    with pytest.raises(MempoError, match="--study-sft: no trained SFT checkpoint at .*sft-memory"):
+        m.start(own)
+    shutil.copytree(sft, work / "sft-memory" / "model")
+    (work / "sft-memory" / "model" / "config.json").write_text("{}")
+    assert m.start(own) == (work / "world", work / "sft-memory" / "model")
+    with pytest.raises(MempoError, match="--study-sft needs --workdirs"):
+        m.start(SimpleNamespace(from_pipeline=None, start=None, workdirs=[]))
     manifest = work / "world" / "manifest.json"
     manifest.write_text(manifest.read_text().replace('"qa/test.jsonl": "', '"qa/test.jsonl": "0'))
     with pytest.raises(MempoError, match="another world"):

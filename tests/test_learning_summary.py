@@ -277,3 +277,28 @@ def test_rl_set_changes_a_params_key_of_every_rl_variant_and_nothing_the_variant
         with pytest.raises(SystemExit):
             learning._args(["--rl-set", *bad])
         assert re.search(why, capsys.readouterr().err), bad
+
+
+def test_sft_set_changes_the_teacher_and_sft_params_of_the_start_trained_here(
+        learning, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--sft-set sft.memory_layout=queue`: the data stage, the teacher and each SFT job get the
+    key, the study has a workdir of its own; keys the study sets, keys outside `sft.`, bad
+    values and a saved start (whose SFT is not trained here) are refused before anything runs."""
+    a = learning._args(["--sft-set", "sft.memory_layout=queue", "--variants", "grpo", "--workdir", str(tmp_path / "w")])
+    assert a.sft_set == {"sft.memory_layout": "queue"}
+    assert a.workdir == tmp_path / "w" / "full-sft-sft.memory_layout=queue"
+    w = tmp_path / "w"
+    inputs = {"policy": w / "policy", "teacher": w / "teacher", "sft-memory": w / "sft-memory" / "model"}
+    assert learning.teacher_params(a, w / "world", w / "data", w / "c.jsonl", w / "policy", w / "t").sft.memory_layout \
+        == learning.sft_params("memory", a, inputs).sft.memory_layout == "queue"
+    assert learning.data_overrides(a, w / "world", w / "data")["sft.memory_layout"] == "queue"
+    plain = learning._args(["--variants", "grpo"])
+    assert learning.sft_params("memory", plain, inputs).sft.memory_layout == "now"
+    assert learning.sft_params("memory", a, inputs).sft.out == str(w / "sft-memory")
+    for bad, why in ((["sft.out=x"], "sft.out: only sft"), (["mempo.lambda_mem=0"], "mempo.lambda_mem: only sft"),
+                     (["sft.memory_layout=list"], "sft.memory_layout"),
+                     (["sft.memory_layout=queue", "--start", str(tmp_path)], "not with --start")):
+        args = ["--sft-set", bad[0], *bad[1:]]
+        with pytest.raises(SystemExit):
+            learning._args(args)
+        assert re.search(why, capsys.readouterr().err), bad

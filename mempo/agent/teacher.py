@@ -17,9 +17,14 @@ Y."). The next prompt shows only the question and this memory; moving on to the 
 objective is a copy of the text that follows the current question in the task, and the
 final answer is a copy of the list. (A numbered layout, "Answer 1: ... Question 2: ...",
 made a 2-layer policy skip or repeat objectives: k=2 all-correct 0.02 on 64 val tasks after
-1,618 SFT steps.)
+1,618 SFT steps.) At k=4 that copy is where policies fail: they jump from the question in
+progress to a later one (benchmarks/objective_fates.py's "order"). `layout="queue"`
+(`sft.memory_layout`) keeps the questions after the one in progress too ("Now: Who founded X?;
+Where was Y born?"), so moving on drops the head of a list the memory already holds, and
+nothing has to be found in the task. (An earlier queue, "Now: q2 ... Then: q3; q4", made the
+move itself right after 1,211 SFT steps but cost single-question EM 0.24: docs/results.md.)
 
-    teacher = ScriptedTeacher(tokenizer)
+    teacher = ScriptedTeacher(tokenizer)               # or ScriptedTeacher(tokenizer, layout="queue")
     episodes = run_episodes(items, teacher, ToolEnv(retriever, tokenizer), tokenizer)
 
 Works for any `TurnPolicy` consumer (the rollout loop, the SFT trajectory writer, the
@@ -36,7 +41,7 @@ from mempo.agent.format import ANSWER_SEP
 from mempo.agent.generation import Generation
 from mempo.agent.rollout import TurnRequest
 from mempo.rewards import normalize_answer
-from mempo.tasks import Task
+from mempo.tasks import OBJECTIVE_SEP, Task
 
 # How a hop is phrased as a fact and as a search query.
 _FACT = {
@@ -67,6 +72,33 @@ _WANT = {
 }
 NO_FACTS_YET = "Nothing found yet."
 UNKNOWN_ANSWER = "unknown"
+NOW = "Now: "  # heads the question in progress in a k >= 2 memory (either layout)
+_NOW_RE = re.compile(r"(?:^|\s)" + NOW + r"(.*?\?)")
+
+
+def now_question(memory: str | None) -> str | None:
+    """The question a memory in the teacher's layout names as in progress: the text after
+    "Now: " up to its first "?" (the head of the list in the queue layout); None without one."""
+    m = _NOW_RE.search(memory or "")
+    return m.group(1).strip() if m else None
+
+
+def objective_order(memories: list[str | None], questions: list[str]) -> list[int]:
+    """The objectives an episode's memories name as in progress, in the order visited: 1-based
+    positions in `questions`, 0 for a question the task does not have (a miscopy); a repeat of
+    the one before is dropped. The teacher visits 1..k; a policy may skip or go back.
+
+        objective_order(["Now: A? x.", "Now: A? y.", "Now: C?", "Answers: 1; 2."], ["A?", "B?", "C?"])  # [1, 3]
+    """
+    qs = [q.strip() for q in questions]
+    order: list[int] = []
+    for memory in memories:
+        q = now_question(memory)
+        if q is not None:
+            i = qs.index(q) + 1 if q in qs else 0
+            if not order or order[-1] != i:
+                order.append(i)
+    return order
 
 
 @dataclass
@@ -111,10 +143,17 @@ class ScriptedTeacher:
     Args:
         tokenizer: the policy tokenizer; responses are tokenised with it so the rollout's
             token records and masks are real.
+        layout: the memory on k >= 2 tasks: "now" (the question in progress) or "queue" (it
+            and the questions after it, `OBJECTIVE_SEP`-joined).
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    LAYOUTS = ("now", "queue")
+
+    def __init__(self, tokenizer: Any, layout: str = "now") -> None:
+        if layout not in self.LAYOUTS:
+            raise ValueError(f"teacher memory layout {layout!r}: expected one of {', '.join(self.LAYOUTS)}")
         self.tokenizer = tokenizer
+        self.layout = layout
         self._plans: dict[str, _Plan] = {}
 
     def _plan(self, item: Task) -> _Plan:
@@ -128,7 +167,8 @@ class ScriptedTeacher:
 
     def memory_text(self, plan: _Plan) -> str:
         """The memory after the hops before `plan.cursor`: answers of finished objectives,
-        (k >= 2) the question of the objective in progress, and its facts found so far."""
+        (k >= 2) the question of the objective in progress (with `layout="queue"` followed by the
+        questions after it), and its facts found so far."""
         k = len(plan.answers)
         current = plan.hops[plan.cursor].objective if plan.cursor < len(plan.hops) else k
         parts: list[str] = []
@@ -138,7 +178,8 @@ class ScriptedTeacher:
         elif done:
             parts.append(f"Answers: {f'{ANSWER_SEP} '.join(done)}.")
         if k > 1 and current < k:
-            parts.append(f"Now: {plan.questions[current]}")
+            todo = plan.questions[current:] if self.layout == "queue" else plan.questions[current:current + 1]
+            parts.append(NOW + OBJECTIVE_SEP.join(todo))
         for j, h in enumerate(plan.hops[:plan.cursor]):
             if h.objective == current and plan.found[j]:
                 parts.append(_fact(h))

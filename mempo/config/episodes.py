@@ -157,6 +157,7 @@ class SFTParams(Section):
     multi_k: list[int] = Field(default_factory=lambda: [2, 3, 4])
     multi_tasks: int = Field(600, ge=0)
     rename_entities: float = Field(1.0, ge=0.0, le=1.0)
+    memory_layout: Literal["now", "queue"] = "now"
     prompt_loss_weight: float = Field(0.0, ge=0.0)
     val_questions: int = Field(100, ge=1)
     val_multi_k: list[int] = Field(default_factory=list)

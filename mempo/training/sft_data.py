@@ -176,8 +176,9 @@ def teacher_records(params: Any, tokenizer: Any, retriever: Any
     pool = name_word_pool(Path(p.world) / "corpus.jsonl") if p.rename_entities > 0 else None
     train_tasks, val_tasks = load_sft_split(params.data.out)
     train_r, stats = teacher_episodes(train_tasks, retriever, tokenizer, params.rollout, params.mempo.multi_rule,
-                                      rename=p.rename_entities, seed=p.seed, name_pool=pool)
-    val_r, _ = teacher_episodes(val_tasks, retriever, tokenizer, params.rollout, params.mempo.multi_rule)
+                                      rename=p.rename_entities, seed=p.seed, name_pool=pool, layout=p.memory_layout)
+    val_r, _ = teacher_episodes(val_tasks, retriever, tokenizer, params.rollout, params.mempo.multi_rule,
+                                layout=p.memory_layout)
     return train_r, val_r, stats
 
 
@@ -297,11 +298,11 @@ def rename_record(record: EpisodeRecord, sub: Any) -> EpisodeRecord:
 
 def teacher_episodes(
     tasks: Sequence[Task], retriever: Any, tokenizer: Any, agent: Any, multi_rule: str = "all",
-    rename: float = 0.0, seed: int = 0, name_pool: Sequence[str] | None = None,
+    rename: float = 0.0, seed: int = 0, name_pool: Sequence[str] | None = None, layout: str = "now",
 ) -> tuple[list[EpisodeRecord], dict[str, float]]:
-    """Run the scripted teacher on `tasks` through the real retriever and keep the episodes it
-    got right (R^T = 1); a `rename` share of them gets fresh entity names (`rename_entities`,
-    drawn with `seed`). Returns (episode records, stats)."""
+    """Run the scripted teacher (memory `layout`, `sft.memory_layout`) on `tasks` through the
+    real retriever and keep the episodes it got right (R^T = 1); a `rename` share of them gets
+    fresh entity names (`rename_entities`, drawn with `seed`). Returns (episode records, stats)."""
     from mempo.agent.rollout import RolloutConfig, run_episodes
     from mempo.agent.teacher import ScriptedTeacher
     from mempo.agent.tools import ToolConfig, ToolEnv
@@ -311,7 +312,7 @@ def teacher_episodes(
         access_chunk_chars=agent.access_chunk_chars, short_text_chars=agent.short_text_chars))
     cfg = RolloutConfig(max_turns=max(agent.max_turns, 64), max_concurrent_episodes=agent.max_concurrent_episodes,
                         check_masks=agent.check_masks)
-    episodes = run_episodes(list(tasks), ScriptedTeacher(tokenizer), env, tokenizer, "memory", cfg)
+    episodes = run_episodes(list(tasks), ScriptedTeacher(tokenizer, layout), env, tokenizer, "memory", cfg)
     by_id = {t.id: t for t in tasks}
     rng = random.Random(seed)
     kept = [ep for ep in episodes if ep.outcome_reward(multi_rule=multi_rule) >= 1.0]
