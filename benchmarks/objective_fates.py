@@ -173,27 +173,45 @@ def summarise(results: list[tuple[str, int | None, dict[str, Any]]]) -> dict[str
     return out
 
 
+def _stacked(ax: Any, names: list[str], shares: dict[str, dict[str, float]], kinds: tuple[str, ...],
+             colors: list[str], title: str) -> None:
+    """One bar per policy, stacked by `kinds` (`shares[name][kind]`)."""
+    bottom = [0.0] * len(names)
+    for kind, c in zip(kinds, colors, strict=False):
+        vals = [shares[n][kind] for n in names]
+        ax.bar(names, vals, bottom=bottom, color=c, label=kind)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_title(title)
+    ax.set_ylim(0, 1)
+    ax.grid(axis="y", alpha=0.3)
+
+
 def plot(summary: dict[str, Any], path: Path) -> Path:
+    """The fates as stacked bars, right / never retrieved per objective position, and (files
+    written since the order was measured) the order the memories took the objectives on."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colors = ["#4c9a2a", "#d62728", "#ff7f0e", "#9467bd", "#8c564b"]
-    fig, grid = plt.subplots(2, len(SETS), figsize=(5.5 * len(SETS), 8.0), sharey="row")
+    with_order = all("order" in summary[n][s] for n in summary for s in SETS)
+    fig, grid = plt.subplots(2 + with_order, len(SETS), figsize=(5.5 * len(SETS), 4.0 * (2 + with_order)),
+                             sharey="row")
     axes, by_pos = grid[0], grid[1]
     names = sorted(summary, key=lambda n: n != "sft")  # the start first (a written JSON has its keys sorted)
     for ax, s in zip(axes, SETS, strict=True):
-        bottom = [0.0] * len(names)
-        for f, c in zip(FATES, colors, strict=True):
-            vals = [summary[n][s]["fates"][f] for n in names]
-            ax.bar(names, vals, bottom=bottom, color=c, label=f)
-            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-        ax.set_title(f"world-{s}: each objective's answer")
-        ax.set_ylim(0, 1)
-        ax.grid(axis="y", alpha=0.3)
+        _stacked(ax, names, {n: summary[n][s]["fates"] for n in names}, FATES, colors,
+                 f"world-{s}: each objective's answer")
     axes[0].set_ylabel("share of objectives (mean over seeds)")
     axes[-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    if with_order:
+        for ax, s in zip(grid[2], SETS, strict=True):
+            _stacked(ax, names, {n: summary[n][s]["order"] for n in names}, ORDERS,
+                     ["#4c9a2a", "#a6d96a", "#ff7f0e", "#9467bd", "#8c564b", "#7f7f7f"],
+                     f"world-{s}: objectives taken on (Now:)")
+        grid[2][0].set_ylabel("share of episodes (mean over seeds)")
+        grid[2][-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     # Per objective position: which of a task's objectives the policies get right, and which they never see.
     line_colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, s in zip(by_pos, SETS, strict=True):

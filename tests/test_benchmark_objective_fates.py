@@ -133,8 +133,9 @@ def test_a_saved_start_gives_the_sft_checkpoint_and_the_study_s_world(tmp_path, 
 
 
 def test_replot_redraws_from_the_written_file_and_names_a_file_that_is_not_one(tmp_path, capsys):
-    """--replot: the plot (bars, and per objective position right / never retrieved) from the
-    JSON alone; a file without results is refused by name, with nothing written."""
+    """--replot: the plot (bars, per objective position right / never retrieved, and the order
+    the memories took the objectives on) from the JSON alone; a file without results is refused
+    by name, with nothing written."""
     m = fates_mod()
     rows = [_row("a", "Paris; 1900", [("Answer: Paris, 1900.", "... Paris 1900 ...")]),
             _row("b", "Rome; Lima", [("Rome", "... Rome ...")])]
@@ -147,7 +148,15 @@ def test_replot_redraws_from_the_written_file_and_names_a_file_that_is_not_one(t
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from PIL import Image
 
-    assert Image.open(png).size[1] > Image.open(png).size[0] / 2  # two rows of panels, not one
+    three = Image.open(png).size[1]
+    assert three > Image.open(png).size[0]  # three rows of panels: fates, per position, order
+    # a file written before the order was measured: its two rows only
+    for name in summary:
+        for s in m.SETS:
+            summary[name][s].pop("order")
+    out.write_text(json.dumps({"results": summary}))
+    assert m.main(["--replot", str(out)]) == 0
+    assert Image.open(png).size[0] / 2 < Image.open(png).size[1] < three
     bad = tmp_path / "other.json"
     bad.write_text(json.dumps({"benchmark": "decode"}))
     assert m.main(["--replot", str(bad)]) == 2
