@@ -756,7 +756,8 @@ def save_study_start(a: argparse.Namespace, inputs: dict[str, Path]) -> Path:
                                                            / "metrics.json")) for fmt in start_formats(a)}
     record = save_start(a.save_start, checkpoints, inputs["world"],
                         note={"numerics_at_save": numerics_tags(), "params": str(PARAMS.relative_to(REPO)),
-                              "saved_at_commit": commit + ("+dirty" if dirty else "")})
+                              "saved_at_commit": commit + ("+dirty" if dirty else ""),
+                              **({"sft_set": a.sft_set} if a.sft_set else {})})
     print(f"saved the SFT start to {a.save_start}: " + ", ".join(
         f"{fmt} {r['weights_sha256'][:12]}" for fmt, r in record["formats"].items()))
     return Path(a.save_start)

@@ -91,6 +91,12 @@ def test_the_learning_study_saves_and_reads_a_start(tmp_path: Path, tiny_world: 
     a = learning._args(["--variants", "grpo", "mempo_half", "--workdir", str(tmp_path / "w"),
                         "--save-start", str(tmp_path / "starts" / "s1")])
     learning.save_study_start(a, {"sft-memory": model, "world": tiny_world})  # metrics beside the model
+    assert "sft_set" not in json.loads((tmp_path / "starts" / "s1" / START_FILE).read_text())
+    queue = learning._args(["--variants", "grpo", "--workdir", str(tmp_path / "w"), "--sft-set",
+                            "sft.memory_layout=queue", "--save-start", str(tmp_path / "starts" / "q")])
+    learning.save_study_start(queue, {"sft-memory": model, "world": tiny_world})
+    record = json.loads((tmp_path / "starts" / "q" / START_FILE).read_text())
+    assert record["sft_set"] == {"sft.memory_layout": "queue"}  # what the teacher and SFT ran with
     b = learning._args(["--start", str(tmp_path / "starts" / "s1"), "--variants", "grpo", "mempo_half",
                         "--workdir", str(tmp_path / "w")])
     assert b.workdir == tmp_path / "w" / "start-s1"
@@ -116,5 +122,7 @@ def test_the_committed_start_is_intact_and_fits_the_default_world(tmp_path: Path
     generate_world(tmp_path / "world", size=p.world.size, seed=p.world.seed)
     got = load_start(COMMITTED, ["memory"], tmp_path / "world")["memory"]
     assert got["weights_sha256"].startswith(COMMITTED.name)
+    for other in sorted(d for d in COMMITTED.parent.iterdir() if d.is_dir() and d != COMMITTED):
+        assert load_start(other, ["memory"], tmp_path / "world")["memory"]["weights_sha256"].startswith(other.name)
     study = json.loads((REPO / "benchmarks" / "results" / "learning_rl300_start3.json").read_text())
     assert study["config"]["start"]["memory"] == got["weights_sha256"]
