@@ -18,6 +18,7 @@ Variants (every one trained from this repository's params.yaml, only the keys be
     mempo_skip  mempo with final_memory skip: each episode's last memory gets no A^M
     mempo_half  mempo with lambda_mem 0.5: A^M at half weight on the <mem> tokens
     mempo_retain  mempo_half with rm_max 0: R^M = min(0, the method's reward), a retention penalty
+    mempo_half_skip  mempo_half with final_memory skip (the closing memory gets no A^M)
     full        sft_full + GRPO in the full-history format (Search-R1 style)
 
 Protocol: the small world's entity-disjoint splits. The scripted teacher solves train
@@ -79,6 +80,7 @@ RL_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "mempo_half": ("memory", {**_MEMPO, "mempo.lambda_mem": 0.5, "mempo.final_memory": "score"}),
     "mempo_retain": ("memory", {**_MEMPO, "mempo.lambda_mem": 0.5, "mempo.final_memory": "score",
                                 "mempo.rm_max": 0.0}),
+    "mempo_half_skip": ("memory", {**_MEMPO, "mempo.lambda_mem": 0.5, "mempo.final_memory": "skip"}),
     "mempo_prev": ("memory", {"mempo.lambda_mem": 1.0, "mempo.eps": "previous", "mempo.form": "prob"}),
     "full": ("full", {"mempo.lambda_mem": 0.0, "rollout.context": "full"}),
 }
@@ -533,7 +535,9 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                          "mempo_half_minus_grpo": ("mempo_half", "grpo"),
                          "mempo_half_minus_mempo": ("mempo_half", "mempo"),
                          "mempo_retain_minus_grpo": ("mempo_retain", "grpo"),
-                         "mempo_retain_minus_mempo_half": ("mempo_retain", "mempo_half")}.items():
+                         "mempo_retain_minus_mempo_half": ("mempo_retain", "mempo_half"),
+                         "mempo_half_skip_minus_grpo": ("mempo_half_skip", "grpo"),
+                         "mempo_half_skip_minus_mempo_half": ("mempo_half_skip", "mempo_half")}.items():
         if x not in variants or y not in variants:
             continue
         # pairs on the seeds both variants ran (seed s of each saw the same task order)

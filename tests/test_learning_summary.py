@@ -218,6 +218,8 @@ def test_every_rl_variant_is_a_valid_params_override_and_names_its_format(learni
     assert lam["grpo"] == 0.0 and lam["full"] == 0.0 and lam["mempo"] == 1.0 and lam["mempo_half"] == 0.5
     half, full_weight = (load_params(learning.PARAMS, learning.RL_VARIANTS[v][1]).mempo for v in ("mempo_half", "mempo"))
     assert half.model_dump() == {**full_weight.model_dump(), "lambda_mem": 0.5}  # only the weight differs
+    half_skip = load_params(learning.PARAMS, learning.RL_VARIANTS["mempo_half_skip"][1]).mempo
+    assert half_skip.model_dump() == {**half.model_dump(), "final_memory": "skip"}  # only the closing memory's A^M
     assert set(learning.DEFAULT_VARIANTS) <= set(learning.RL_VARIANTS)
 
 

@@ -21,8 +21,11 @@ made a 2-layer policy skip or repeat objectives: k=2 all-correct 0.02 on 64 val 
 progress to a later one (benchmarks/objective_fates.py's "order"). `layout="queue"`
 (`sft.memory_layout`) keeps the questions after the one in progress too ("Now: Who founded X?;
 Where was Y born?"), so moving on drops the head of a list the memory already holds, and
-nothing has to be found in the task. (An earlier queue, "Now: q2 ... Then: q3; q4", made the
-move itself right after 1,211 SFT steps but cost single-question EM 0.24: docs/results.md.)
+nothing has to be found in the task. From one start (benchmarks/starts/97140847) the queue got
+objective 2 of k=4 tasks right 0.20 of the time against 0.07, objectives 3-4 not more, and MemPO
+trained from it answered k=2 tasks early, so `now` stays the default. (An earlier queue, "Now:
+q2 ... Then: q3; q4", made the move itself right after 1,211 SFT steps but cost single-question
+EM 0.24: docs/results.md.)
 
     teacher = ScriptedTeacher(tokenizer)               # or ScriptedTeacher(tokenizer, layout="queue")
     episodes = run_episodes(items, teacher, ToolEnv(retriever, tokenizer), tokenizer)
