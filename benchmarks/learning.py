@@ -475,6 +475,18 @@ def rl_jobs_by_format(a: argparse.Namespace) -> dict[str, list[tuple[str, str, s
                   if RL_VARIANTS[v][0] == fmt and s in seeds_of(a, v)] for fmt in ("memory", "full")}
 
 
+def die_with_parent(parent: int) -> None:
+    """Pool worker initializer: on Linux the worker gets SIGTERM when the study's process
+    (`parent`) ends, however it ends, so a stopped study leaves no RL job writing into its workdir."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the study ended before the call
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _run_job(kind: str, key: str, a: argparse.Namespace, inputs: dict[str, Path], *args: Any) -> tuple[str, Any]:
     """Run a job unless its result file exists (resume); returns (key, result)."""
     f = Path(a.workdir) / "results" / f"{key}.json"
@@ -717,7 +729,8 @@ def main(argv: list[str] | None = None) -> int:
     rl_jobs = rl_jobs_by_format(a)
     first = [("sft", f"sft-{fmt}", fmt) for fmt in start_formats(a)] + [("untrained", "untrained")]
     total = len(first) + sum(map(len, rl_jobs.values()))
-    with ProcessPoolExecutor(max_workers=a.jobs, mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=a.jobs, mp_context=mp.get_context("spawn"),
+                             initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         def submit(job: tuple[Any, ...]) -> Future[tuple[str, Any]]:
             return pool.submit(_run_job, job[0], job[1], a, inputs, *job[2:])
 
