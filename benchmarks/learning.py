@@ -73,14 +73,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # RL variants: (start policy format, params overrides on top of params.yaml).
 _MEMPO = {"mempo.lambda_mem": 1.0, "mempo.eps": "full_context", "mempo.form": "logprob"}  # the method's reward
+_HALF = {**_MEMPO, "mempo.lambda_mem": 0.5, "mempo.final_memory": "score"}  # mempo_half; the variants below it
 RL_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("memory", {"mempo.lambda_mem": 0.0}),
     "mempo": ("memory", {**_MEMPO, "mempo.final_memory": "score"}),
     "mempo_skip": ("memory", {**_MEMPO, "mempo.final_memory": "skip"}),
-    "mempo_half": ("memory", {**_MEMPO, "mempo.lambda_mem": 0.5, "mempo.final_memory": "score"}),
-    "mempo_retain": ("memory", {**_MEMPO, "mempo.lambda_mem": 0.5, "mempo.final_memory": "score",
-                                "mempo.rm_max": 0.0}),
-    "mempo_half_skip": ("memory", {**_MEMPO, "mempo.lambda_mem": 0.5, "mempo.final_memory": "skip"}),
+    "mempo_half": ("memory", _HALF),
+    "mempo_retain": ("memory", {**_HALF, "mempo.rm_max": 0.0}),
+    "mempo_half_skip": ("memory", {**_HALF, "mempo.final_memory": "skip"}),
     "mempo_prev": ("memory", {"mempo.lambda_mem": 1.0, "mempo.eps": "previous", "mempo.form": "prob"}),
     "full": ("full", {"mempo.lambda_mem": 0.0, "rollout.context": "full"}),
 }
