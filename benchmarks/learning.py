@@ -475,18 +475,6 @@ def rl_jobs_by_format(a: argparse.Namespace) -> dict[str, list[tuple[str, str, s
                   if RL_VARIANTS[v][0] == fmt and s in seeds_of(a, v)] for fmt in ("memory", "full")}
 
 
-def die_with_parent(parent: int) -> None:
-    """Pool worker initializer: on Linux the worker gets SIGTERM when the study's process
-    (`parent`) ends, however it ends, so a stopped study leaves no RL job writing into its workdir."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the study ended before the call
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _run_job(kind: str, key: str, a: argparse.Namespace, inputs: dict[str, Path], *args: Any) -> tuple[str, Any]:
     """Run a job unless its result file exists (resume); returns (key, result)."""
     f = Path(a.workdir) / "results" / f"{key}.json"
@@ -719,6 +707,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     os.environ["MEMPO_TRACKING"] = "0"
     import multiprocessing as mp
+
+    from mempo.training.runtime import die_with_parent
 
     t_all = time.perf_counter()
     inputs = prepare_inputs(a)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -46,6 +47,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from mempo.errors import MempoError  # noqa: E402
 from mempo.forgetting import FATES, MemoryStep, objective_fates  # noqa: E402
 from mempo.io import weights_sha256, write_json  # noqa: E402
+from mempo.training.runtime import die_with_parent  # noqa: E402
 
 SETS = ("k2", "k4")
 
@@ -272,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     results = []
-    with ProcessPoolExecutor(max_workers=a.jobs, mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=a.jobs, mp_context=mp.get_context("spawn"),
+                             initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         futures = [pool.submit(job, n, s, m, world) for n, s, m in todo]
         for i, fut in enumerate(futures, 1):
             results.append(fut.result())

@@ -65,8 +65,11 @@ def _init_worker(
     settings: EvalSettings,
     decoder: str,
     benchmarks: Mapping[str, Sequence[Task]],
+    parent: int,
 ) -> None:
-    from mempo.training.runtime import set_cpu_threads
+    from mempo.training.runtime import die_with_parent, set_cpu_threads
+
+    die_with_parent(parent)  # a killed `mempo eval` leaves no worker generating on
 
     os.environ["TQDM_DISABLE"] = "1"  # progress bars of several processes would interleave
     set_cpu_threads(p.threads)
@@ -165,7 +168,7 @@ def evaluate_in_workers(
         max_workers=n,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_init_worker,
-        initargs=(p, dict(resolved), dict(refs), settings, decoder, dict(benchmarks)),
+        initargs=(p, dict(resolved), dict(refs), settings, decoder, dict(benchmarks), os.getpid()),
     )
     try:
         futures: dict[Future[Any], tuple[str, str]] = {
