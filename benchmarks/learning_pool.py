@@ -24,6 +24,14 @@ one study (`mempo.evaluation.studies.join_parts`: the same weights digest, setti
         benchmarks/results/learning_rl120_start2.json+benchmarks/results/learning_rl120_retain.json \
         --pair mempo_retain grpo
 
+Parts run on two machines whose CPU kernels evaluate the same SFT weights differently (the start's
+own rows differ, so they are refused as parts of one start) join with `--across-machines`, on the
+weights' sha256 alone; the output lists the start rows that differ (`across_machines`), since
+each pair then carries the machines' difference as well as the variants':
+
+    .venv/bin/python benchmarks/learning_pool.py --across-machines --pair mempo_half_skip grpo \
+        benchmarks/results/learning_rl300_queue_mixk4.json+benchmarks/results/learning_rl300_queue_mixk4_skip.json
+
 Studies from different SFT starts are refused unless `--across-starts`: then each start's
 seeds are resampled within that start (a stratified bootstrap). The pooled mean weighs every
 seed alike, and the interval is for these starts with their numbers of seeds, not for a new
@@ -128,6 +136,9 @@ def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000,
                            "resampled": ("seeds, then tasks within a seed" if two_level else "seeds only")
                                         + ("; each seed within its start" if several else ""),
                            "studies": {}, "pooled": {}}
+    drift = {str(st["path"].name): st["across_machines"] for st in studies if st.get("across_machines")}
+    if drift:
+        out["across_machines"] = drift
     if across_starts:
         out["starts"] = {labels[g]: {"studies": [st["path"].name for st in group],
                                      "seeds": [s for st in group for s in st["seeds"]]}
@@ -196,16 +207,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--across-starts", action="store_true",
                     help="pool studies from different SFT starts too, resampling each seed within its start "
                          "(the interval is for these starts; without it, studies of another start are refused)")
+    ap.add_argument("--across-machines", action="store_true",
+                    help="join the parts of one study (a.json+b.json) on their SFT weights' sha256 alone, when "
+                         "their machines evaluate the same weights differently (the differing start rows are listed)")
     ap.add_argument("--out", type=Path, default=None,
                     help="write the pooled comparison here (JSON), and beside it the forest plot (.png)")
     args = ap.parse_args(argv)
     try:
         a, b = args.pair
-        out = pool([load_study(p, a, b) for p in args.studies], a, b, args.bootstrap, args.across_starts)
+        out = pool([load_study(p, a, b, args.across_machines) for p in args.studies], a, b, args.bootstrap,
+                   args.across_starts)
     except MempoError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{a} - {b}, {len(out['seeds'])} seeds (resampled: {out['resampled']})")
+    for name, rows in (out.get("across_machines") or {}).items():
+        for part, keys in rows.items():
+            print(f"  across machines ({name}): {Path(part).name}'s start evaluates differently: "
+                  + ", ".join(f"{k} {x} vs {y}" for k, (x, y) in list(keys.items())[:4])
+                  + (f" (+{len(keys) - 4} more)" if len(keys) > 4 else ""))
     for key, d in out["pooled"].items():
         if d is not None:
             per = "  ".join(f"{v[key]:+.3f}" if v.get(key) is not None else "-" for v in out["studies"].values())

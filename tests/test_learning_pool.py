@@ -254,3 +254,35 @@ def test_across_starts_pools_each_start_s_seeds_within_it(learning, lp, tmp_path
         lp.pool(studies + [lp.load_study(dup, "mempo_half", "grpo")], "mempo_half", "grpo", 50, across_starts=True)
     assert lp.main([str(x1), str(y), str(x2), "--pair", "mempo_half", "grpo", "--across-starts"]) == 0
     assert "start x-sft-me: 3 seeds" in capsys.readouterr().out
+
+
+def test_parts_from_two_machines_join_on_the_weights_digest_with_across_machines(learning, lp, tmp_path, capsys):
+    """The same SFT weights (digest) evaluated differently on another machine: refused as parts of
+    one start, with the hint; `--across-machines` joins them, pairs task by task and lists the
+    start rows that differ. Other weights, or no digest, stay refused with the flag too."""
+    zeros = {s: [0.0, 0.0] for s in range(2)}
+    retain = {0: [1.0, 0.0], 1: [1.0, 1.0]}
+    base = write_study(learning, tmp_path / "base.json", [0, 1], {"grpo": zeros, "mempo_half": zeros}, start="x")
+    there = write_study(learning, tmp_path / "m" / "there.json", [0, 1], {"mempo_retain": retain}, start="x",
+                        sft=[1.0, 0.0])
+    joined = f"{base}+{there}"
+    assert lp.main([joined, "--pair", "mempo_retain", "grpo"]) == 2
+    err = capsys.readouterr().err
+    assert "there.json: its RL start has sft" in err and "join with --across-machines" in err
+    out_path = tmp_path / "out.json"
+    assert lp.main([joined, "--pair", "mempo_retain", "grpo", "--across-machines", "--bootstrap", "50",
+                    "--out", str(out_path)]) == 0
+    assert "across machines (base.json+there.json): there.json's start evaluates differently" in capsys.readouterr().out
+    out = json.loads(out_path.read_text())
+    assert out["pooled"]["k2/em"]["mean"] == pytest.approx(3 / 4)
+    drift = out["across_machines"]["base.json+there.json"][str(there)]
+    assert drift["sft single em"] == [0.0, 0.5] and not any(k.startswith("weights") for k in drift)
+    other = write_study(learning, tmp_path / "o" / "other.json", [0, 1], {"mempo_retain": retain}, start="y")
+    with pytest.raises(MempoError, match=r"other.json: its RL start has weights sha256 of sft-\w+ 'y-sft-\w+'.*"
+                                         r"not the same SFT weights"):
+        lp.load_study(f"{base}+{other}", "mempo_retain", "grpo", across_machines=True)
+    old = write_study(learning, tmp_path / "n" / "old.json", [0, 1], {"grpo": zeros, "mempo_half": zeros})
+    undigested = write_study(learning, tmp_path / "n2" / "later.json", [0, 1], {"mempo_retain": retain})
+    with pytest.raises(MempoError, match=r"later.json: --across-machines joins parts on their SFT weights' sha256, "
+                                         r"which neither"):
+        lp.load_study(f"{old}+{undigested}", "mempo_retain", "grpo", across_machines=True)

@@ -26,16 +26,17 @@ SAME = ("rl_steps", "batch_questions", "n_rollouts", "eval_tasks", "policy", "rl
 # `sft`, `sft_full`) on the same greedy test tasks, so one start gives the same numbers in every study.
 START_VARIANTS = ("sft", "sft_full")
 START_METRICS = ("em", "objective_em", "mean_prompt_tokens")
+WEIGHTS_KEY = "weights sha256 of sft-"  # start_signature's keys for the SFT weights' digests
 PART_SEP = "+"  # joins the parts of one study in a path argument: first.json+second.json
 
 
-def load_study(path: Path, a: str, b: str) -> dict[str, Any]:
+def load_study(path: Path, a: str, b: str, across_machines: bool = False) -> dict[str, Any]:
     """The study's settings, the seeds both variants ran, and per seed and set its per-seed
     values (and per-task values, where its per-task file exists). `path` may name the parts of
-    one study joined by '+' (`join_parts`): `first.json+second.json`."""
+    one study joined by '+' (`join_parts`, with its `across_machines`): `first.json+second.json`."""
     parts = [Path(p) for p in str(path).split(PART_SEP)] if not Path(path).exists() else [Path(path)]
     if len(parts) > 1:
-        study, per_task = join_parts(parts)
+        study, per_task = join_parts(parts, across_machines)
         path = parts[0].parent / PART_SEP.join(p.name for p in parts)
     else:
         study, per_task = read_study(parts[0])
@@ -57,7 +58,8 @@ def load_study(path: Path, a: str, b: str) -> dict[str, Any]:
             where = per_task_file(parts[0]) if len(parts) == 1 else f"the per-task files of {path}"
             raise MempoError(f"{where}: no per-task rows for {', '.join(missing[:4])}")
     return {"path": path, "config": study["config"], "seeds": common, "per_seed": per_seed, "per_task": per_task,
-            "slopes": {v: reward_slopes(study, v) for v in (a, b)}, "start": start_signature(study)}
+            "slopes": {v: reward_slopes(study, v) for v in (a, b)}, "start": start_signature(study),
+            "across_machines": study.get("across_machines") or {}}
 
 
 PerTask = dict[tuple[str, int, str], dict[str, dict[str, Any]]]
@@ -88,15 +90,21 @@ def read_study(path: Path) -> tuple[dict[str, Any], PerTask | None]:
     return study, per_task
 
 
-def join_parts(paths: list[Path]) -> tuple[dict[str, Any], PerTask | None]:
+def join_parts(paths: list[Path], across_machines: bool = False) -> tuple[dict[str, Any], PerTask | None]:
     """Parts of one study as one: studies run at different times from one RL start (the same SFT
     weights, `check_same_start`) with the same settings (`SAME`), each training other RL
     variants. Seed s of every variant saw the same task order and all were evaluated on the same
     test tasks, so a variant added later pairs with the baselines already run, without training
     them again. Each RL variant must come from one part; the first part's start evaluation and
-    settings stand for the whole. Per-task rows only where every part has its file."""
+    settings stand for the whole. Per-task rows only where every part has its file.
+
+    `across_machines`: parts run on machines that evaluate the same weights differently (other
+    CPU kernels) join on the SFT weights' sha256 alone, which both parts must have recorded;
+    the start rows that differ are kept under `across_machines` (part -> key -> [first part's,
+    this part's]), since the pairs then carry the machines' difference as well as the variants'."""
     read = [(p, *read_study(p)) for p in paths]
     first_path, first, first_tasks = read[0]
+    drift: dict[str, dict[str, list[Any]]] = {}
     try:
         config = {**first["config"], "seeds": dict(first["config"]["seeds"])}
         results, trend = dict(first["results"]), dict(first.get("reward_trend") or {})
@@ -105,8 +113,18 @@ def join_parts(paths: list[Path]) -> tuple[dict[str, Any], PerTask | None]:
         per_task = dict(first_tasks) if first_tasks is not None else None
         for path, study, tasks in read[1:]:
             check_same_settings(path, study["config"], first_path, first["config"], "not parts of one study")
-            check_same_start([{"path": first_path, "start": start_signature(first)},
-                              {"path": path, "start": start_signature(study)}])
+            sig, first_sig = start_signature(study), start_signature(first)
+            if across_machines:
+                drift[str(path)] = check_same_weights(path, sig, first_path, first_sig)
+            else:
+                try:
+                    check_same_start([{"path": first_path, "start": first_sig}, {"path": path, "start": sig}])
+                except MempoError as e:
+                    weights = {k: v for k, v in sig.items() if k.startswith(WEIGHTS_KEY)}
+                    if weights and all(first_sig.get(k) == v for k, v in weights.items()):
+                        raise MempoError(f"{e} (the weights' sha256 agree: parts run on machines that evaluate "
+                                         "them differently join with --across-machines)") from None
+                    raise
             for v, seeds in study["config"]["seeds"].items():
                 if v in owner:
                     raise MempoError(f"{path}: variant '{v}' is also in {owner[v]}: a joined study takes each RL "
@@ -123,7 +141,26 @@ def join_parts(paths: list[Path]) -> tuple[dict[str, Any], PerTask | None]:
     except (KeyError, TypeError, AttributeError) as e:
         raise MempoError(f"{PART_SEP.join(map(str, paths))}: not learning study results "
                          f"({type(e).__name__}: {e})") from e
-    return {**first, "config": config, "results": results, "reward_trend": trend, "curves": curves}, per_task
+    joined = {**first, "config": config, "results": results, "reward_trend": trend, "curves": curves}
+    if drift:
+        joined["across_machines"] = drift
+    return joined, per_task
+
+
+def check_same_weights(path: Path, sig: dict[str, Any], first_path: Path, first_sig: dict[str, Any]
+                       ) -> dict[str, list[Any]]:
+    """For `join_parts(..., across_machines=True)`: refuse a part whose SFT weights' sha256
+    differs from the first part's or that either did not record; returns the start rows
+    (`start_signature`'s other keys) on which the two differ, as [first part's, this part's]."""
+    weights = sorted(k for k in {*sig, *first_sig} if k.startswith(WEIGHTS_KEY))
+    if not weights:
+        raise MempoError(f"{path}: --across-machines joins parts on their SFT weights' sha256, which neither "
+                         f"{path} nor {first_path} recorded (learning.py's config.start)")
+    for k in weights:
+        if sig.get(k) != first_sig.get(k):
+            raise MempoError(f"{path}: its RL start has {k} {sig.get(k)!r}, but {first_path}'s has "
+                             f"{first_sig.get(k)!r}: not the same SFT weights, on any machine")
+    return {k: [first_sig[k], sig[k]] for k in sorted(sig) if k in first_sig and first_sig[k] != sig[k]}
 
 
 def start_signature(study: dict[str, Any]) -> dict[str, Any]:
@@ -141,7 +178,7 @@ def start_signature(study: dict[str, Any]) -> dict[str, Any]:
                     sig[f"{v} {bench} {m}"] = round(float(mean), 6)
     for fmt, digest in ((study.get("config") or {}).get("start") or {}).items():
         if digest:
-            sig[f"weights sha256 of sft-{fmt}"] = digest
+            sig[f"{WEIGHTS_KEY}{fmt}"] = digest
     return sig
 
 
