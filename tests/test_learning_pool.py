@@ -277,6 +277,8 @@ def test_parts_from_two_machines_join_on_the_weights_digest_with_across_machines
     assert out["pooled"]["k2/em"]["mean"] == pytest.approx(3 / 4)
     drift = out["across_machines"]["base.json+there.json"][str(there)]
     assert drift["sft single em"] == [0.0, 0.5] and not any(k.startswith("weights") for k in drift)
+    same = write_study(learning, tmp_path / "s" / "same.json", [0, 1], {"mempo_retain": retain}, start="x")
+    assert lp.load_study(f"{base}+{same}", "mempo_retain", "grpo", across_machines=True)["across_machines"] == {}
     other = write_study(learning, tmp_path / "o" / "other.json", [0, 1], {"mempo_retain": retain}, start="y")
     with pytest.raises(MempoError, match=r"other.json: its RL start has weights sha256 of sft-\w+ 'y-sft-\w+'.*"
                                          r"not the same SFT weights"):

@@ -115,7 +115,9 @@ def join_parts(paths: list[Path], across_machines: bool = False) -> tuple[dict[s
             check_same_settings(path, study["config"], first_path, first["config"], "not parts of one study")
             sig, first_sig = start_signature(study), start_signature(first)
             if across_machines:
-                drift[str(path)] = check_same_weights(path, sig, first_path, first_sig)
+                differs = check_same_weights(path, sig, first_path, first_sig)
+                if differs:
+                    drift[str(path)] = differs
             else:
                 try:
                     check_same_start([{"path": first_path, "start": first_sig}, {"path": path, "start": sig}])
