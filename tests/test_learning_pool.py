@@ -288,3 +288,6 @@ def test_parts_from_two_machines_join_on_the_weights_digest_with_across_machines
     with pytest.raises(MempoError, match=r"later.json: --across-machines joins parts on their SFT weights' sha256, "
                                          r"which neither"):
         lp.load_study(f"{old}+{undigested}", "mempo_retain", "grpo", across_machines=True)
+    with pytest.raises(MempoError, match=r"later.json: --across-machines joins parts on their SFT weights' sha256, "
+                                         r"but .*later.json did not record 'weights sha256 of sft-"):
+        lp.load_study(f"{base}+{undigested}", "mempo_retain", "grpo", across_machines=True)

@@ -119,14 +119,11 @@ def join_parts(paths: list[Path], across_machines: bool = False) -> tuple[dict[s
                 if differs:
                     drift[str(path)] = differs
             else:
-                try:
-                    check_same_start([{"path": first_path, "start": first_sig}, {"path": path, "start": sig}])
-                except MempoError as e:
-                    weights = {k: v for k, v in sig.items() if k.startswith(WEIGHTS_KEY)}
-                    if weights and all(first_sig.get(k) == v for k, v in weights.items()):
-                        raise MempoError(f"{e} (the weights' sha256 agree: parts run on machines that evaluate "
-                                         "them differently join with --across-machines)") from None
-                    raise
+                digests = weight_digests(sig)
+                check_same_start([{"path": first_path, "start": first_sig}, {"path": path, "start": sig}],
+                                 hint=" (the weights' sha256 agree: parts run on machines that evaluate them "
+                                      "differently join with --across-machines)"
+                                 if digests and digests == weight_digests(first_sig) else "")
             for v, seeds in study["config"]["seeds"].items():
                 if v in owner:
                     raise MempoError(f"{path}: variant '{v}' is also in {owner[v]}: a joined study takes each RL "
@@ -154,15 +151,24 @@ def check_same_weights(path: Path, sig: dict[str, Any], first_path: Path, first_
     """For `join_parts(..., across_machines=True)`: refuse a part whose SFT weights' sha256
     differs from the first part's or that either did not record; returns the start rows
     (`start_signature`'s other keys) on which the two differ, as [first part's, this part's]."""
-    weights = sorted(k for k in {*sig, *first_sig} if k.startswith(WEIGHTS_KEY))
+    weights = sorted({*weight_digests(sig), *weight_digests(first_sig)})
     if not weights:
         raise MempoError(f"{path}: --across-machines joins parts on their SFT weights' sha256, which neither "
                          f"{path} nor {first_path} recorded (learning.py's config.start)")
     for k in weights:
-        if sig.get(k) != first_sig.get(k):
+        missing = [p for p, s in ((path, sig), (first_path, first_sig)) if k not in s]
+        if missing:
+            raise MempoError(f"{path}: --across-machines joins parts on their SFT weights' sha256, but "
+                             f"{missing[0]} did not record {k!r} (learning.py's config.start, since 2026-12-04)")
+        if sig[k] != first_sig[k]:
             raise MempoError(f"{path}: its RL start has {k} {sig.get(k)!r}, but {first_path}'s has "
                              f"{first_sig.get(k)!r}: not the same SFT weights, on any machine")
     return {k: [first_sig[k], sig[k]] for k in sorted(sig) if k in first_sig and first_sig[k] != sig[k]}
+
+
+def weight_digests(sig: dict[str, Any]) -> dict[str, Any]:
+    """A start signature's (`start_signature`'s) SFT weights' sha256 entries."""
+    return {k: v for k, v in sig.items() if k.startswith(WEIGHTS_KEY)}
 
 
 def start_signature(study: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +200,7 @@ def check_same_settings(path: Path, config: dict[str, Any], first_path: Path, fi
                              f"{first.get(key)!r}: {what}")
 
 
-def check_same_start(studies: list[dict[str, Any]]) -> None:
+def check_same_start(studies: list[dict[str, Any]], hint: str = "") -> None:
     """Refuse studies (`load_study`'s) whose RL starts differ: two SFT checkpoints trained from
     the same params can still differ (another commit's numerics, another machine), and a
     difference pooled over them would mix two experiments. Compared on what both recorded."""
@@ -205,7 +211,7 @@ def check_same_start(studies: list[dict[str, Any]]) -> None:
             value, other = st["start"][key], first["start"][key]
             raise MempoError(f"{st['path']}: its RL start has {key} {value!r}, but {first['path']}'s has {other!r}: "
                              "the studies start from different SFT checkpoints (or evaluate them differently); "
-                             "pool or compare only studies of one start")
+                             f"pool or compare only studies of one start{hint}")
 
 
 def start_difference(x: dict[str, Any], y: dict[str, Any]) -> str | None:
