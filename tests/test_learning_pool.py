@@ -222,6 +222,13 @@ def test_parts_of_other_starts_settings_or_the_same_variant_do_not_join(learning
     again = write_study(learning, tmp_path / "g" / "later.json", [0, 1], {"grpo": zeros}, start="x")
     with pytest.raises(MempoError, match=r"later.json: variant 'grpo' is also in .*base.json"):
         lp.load_study(f"{base}+{again}", "mempo_half", "grpo")
+    # a baseline both parts ran does not stop a pair of the others: only the pair is taken from them
+    beside = write_study(learning, tmp_path / "b" / "later.json", [0, 1],
+                         {"grpo": zeros, "mempo_retain": {s: [1.0, 0.0] for s in range(2)}}, start="x")
+    st = lp.load_study(f"{base}+{beside}", "mempo_retain", "mempo_half")
+    assert st["seeds"] == [0, 1] and st["per_seed"]["mempo_retain"]["k2"]["em"] == {0: 0.5, 1: 0.5}
+    with pytest.raises(MempoError, match=r"later.json: variant 'grpo' is also in .*base.json"):
+        lp.load_study(f"{base}+{beside}", "mempo_retain", "grpo")
     with pytest.raises(MempoError, match=r"missing.json: not a learning study result \(FileNotFoundError"):
         lp.load_study(f"{base}+{tmp_path / 'missing.json'}", "mempo_half", "grpo")
 

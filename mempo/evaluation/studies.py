@@ -36,7 +36,7 @@ def load_study(path: Path, a: str, b: str, across_machines: bool = False) -> dic
     one study joined by '+' (`join_parts`, with its `across_machines`): `first.json+second.json`."""
     parts = [Path(p) for p in str(path).split(PART_SEP)] if not Path(path).exists() else [Path(path)]
     if len(parts) > 1:
-        study, per_task = join_parts(parts, across_machines)
+        study, per_task = join_parts(parts, across_machines, variants=(a, b))
         path = parts[0].parent / PART_SEP.join(p.name for p in parts)
     else:
         study, per_task = read_study(parts[0])
@@ -90,13 +90,16 @@ def read_study(path: Path) -> tuple[dict[str, Any], PerTask | None]:
     return study, per_task
 
 
-def join_parts(paths: list[Path], across_machines: bool = False) -> tuple[dict[str, Any], PerTask | None]:
+def join_parts(paths: list[Path], across_machines: bool = False, variants: tuple[str, ...] | None = None
+               ) -> tuple[dict[str, Any], PerTask | None]:
     """Parts of one study as one: studies run at different times from one RL start (the same SFT
     weights, `check_same_start`) with the same settings (`SAME`), each training other RL
     variants. Seed s of every variant saw the same task order and all were evaluated on the same
     test tasks, so a variant added later pairs with the baselines already run, without training
     them again. Each RL variant must come from one part; the first part's start evaluation and
-    settings stand for the whole. Per-task rows only where every part has its file.
+    settings stand for the whole. Per-task rows only where every part has its file. `variants`:
+    take only these RL variants from the later parts (`load_study`'s pair), so parts that each ran
+    the same baseline still join for a pair of the others; each of them must come from one part.
 
     `across_machines`: parts run on machines that evaluate the same weights differently (other
     CPU kernels) join on the SFT weights' sha256 alone, which both parts must have recorded;
@@ -125,6 +128,8 @@ def join_parts(paths: list[Path], across_machines: bool = False) -> tuple[dict[s
                                       "differently join with --across-machines)"
                                  if digests and digests == weight_digests(first_sig) else "")
             for v, seeds in study["config"]["seeds"].items():
+                if variants is not None and v not in variants:
+                    continue
                 if v in owner:
                     raise MempoError(f"{path}: variant '{v}' is also in {owner[v]}: a joined study takes each RL "
                                      "variant from one part")
