@@ -18,7 +18,9 @@ refused with the file and field named. Whether the gain grows with k: per seed, 
 k=4 difference minus the k=2 one (`k4_minus_k2`, seeds resampled). One study alone gives a pair its own summary
 did not compare (e.g. `--pair mempo_half full`). A study run in parts, a variant trained later from
 the same start beside the baselines already run, is named `first.json+second.json` and reads as
-one study (`mempo.evaluation.studies.join_parts`: the same weights digest, settings and seeds):
+one study (`mempo.evaluation.studies.join_parts`: the same weights digest, settings and seeds;
+only the paired variants are taken from the parts, so two parts that each ran GRPO still join for
+a pair of their other variants):
 
     .venv/bin/python benchmarks/learning_pool.py \
         benchmarks/results/learning_rl120_start2.json+benchmarks/results/learning_rl120_retain.json \
