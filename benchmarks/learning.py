@@ -19,6 +19,7 @@ Variants (every one trained from this repository's params.yaml, only the keys be
     mempo_half  mempo with lambda_mem 0.5: A^M at half weight on the <mem> tokens
     mempo_retain  mempo_half with rm_max 0: R^M = min(0, the method's reward), a retention penalty
     mempo_half_skip  mempo_half with final_memory skip (the closing memory gets no A^M)
+    mempo_half_closing  mempo_half with final_memory closing (closing memories normalised among closes)
     full        sft_full + GRPO in the full-history format (Search-R1 style)
 
 Protocol: the small world's entity-disjoint splits. The scripted teacher solves train
@@ -81,6 +82,7 @@ RL_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "mempo_half": ("memory", _HALF),
     "mempo_retain": ("memory", {**_HALF, "mempo.rm_max": 0.0}),
     "mempo_half_skip": ("memory", {**_HALF, "mempo.final_memory": "skip"}),
+    "mempo_half_closing": ("memory", {**_HALF, "mempo.final_memory": "closing"}),
     "mempo_prev": ("memory", {"mempo.lambda_mem": 1.0, "mempo.eps": "previous", "mempo.form": "prob"}),
     "full": ("full", {"mempo.lambda_mem": 0.0, "rollout.context": "full"}),
 }
@@ -537,7 +539,9 @@ def summarise(a: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
                          "mempo_retain_minus_grpo": ("mempo_retain", "grpo"),
                          "mempo_retain_minus_mempo_half": ("mempo_retain", "mempo_half"),
                          "mempo_half_skip_minus_grpo": ("mempo_half_skip", "grpo"),
-                         "mempo_half_skip_minus_mempo_half": ("mempo_half_skip", "mempo_half")}.items():
+                         "mempo_half_skip_minus_mempo_half": ("mempo_half_skip", "mempo_half"),
+                         "mempo_half_closing_minus_grpo": ("mempo_half_closing", "grpo"),
+                         "mempo_half_closing_minus_mempo_half": ("mempo_half_closing", "mempo_half")}.items():
         if x not in variants or y not in variants:
             continue
         # pairs on the seeds both variants ran (seed s of each saw the same task order)

@@ -44,9 +44,9 @@ def turn_class(episode: Any, turn_index: int) -> str:
 
 
 def summarise(classes: Sequence[str], r_m: Sequence[float], a_m: Sequence[float],
-              a_m_skip: Sequence[float]) -> dict[str, dict[str, float]]:
+              a_m_skip: Sequence[float], a_m_closing: Sequence[float]) -> dict[str, dict[str, float]]:
     """Per class: n, mean R^M, mean A^M and share of A^M > 0 (final memories scored), and
-    mean A^M with `final_memory: skip`."""
+    mean A^M and share > 0 with `final_memory: skip` and with `final_memory: closing`."""
     by: dict[str, list[int]] = defaultdict(list)
     for i, c in enumerate(classes):
         by[c].append(i)
@@ -57,7 +57,9 @@ def summarise(classes: Sequence[str], r_m: Sequence[float], a_m: Sequence[float]
             out[c] = {"n": len(idx), "r_m_mean": statistics.fmean(r_m[i] for i in idx),
                       "a_m_mean": statistics.fmean(a_m[i] for i in idx),
                       "a_m_positive_share": sum(a_m[i] > 0 for i in idx) / len(idx),
-                      "a_m_mean_final_memory_skip": statistics.fmean(a_m_skip[i] for i in idx)}
+                      "a_m_mean_final_memory_skip": statistics.fmean(a_m_skip[i] for i in idx),
+                      "a_m_mean_final_memory_closing": statistics.fmean(a_m_closing[i] for i in idx),
+                      "a_m_positive_share_final_memory_closing": sum(a_m_closing[i] > 0 for i in idx) / len(idx)}
     return out
 
 
@@ -114,10 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     r_m = episode_memory_rewards(model, tok, episodes, mp)
     records = [(ep, t) for ep in episodes for t in ep.turns]
     groups = [ep.item_id for ep in episodes]
-    a_m, a_m_skip = (episode_memory_advantage(episodes, groups, r_m, mp.model_copy(update={"final_memory": mode}))
-                     for mode in ("score", "skip"))
+    a_m, a_m_skip, a_m_closing = (
+        episode_memory_advantage(episodes, groups, r_m, mp.model_copy(update={"final_memory": mode}))
+        for mode in ("score", "skip", "closing"))
     classes = [turn_class(ep, t.turn_index) for ep, t in records]
-    table = summarise(classes, r_m.tolist(), a_m.tolist(), a_m_skip.tolist())
+    table = summarise(classes, r_m.tolist(), a_m.tolist(), a_m_skip.tolist(), a_m_closing.tolist())
     examples: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for (ep, t), c, r, adv in zip(records, classes, r_m.tolist(), a_m.tolist(), strict=True):
         if len(examples[c]) < a.examples:
@@ -130,10 +133,11 @@ def main(argv: list[str] | None = None) -> int:
            "classes": table, "examples": dict(examples)}
     print(f"{len(episodes)} episodes, {len(records)} turn records ({tp.n_rollouts} rollouts x {len(tasks)} "
           f"k={a.k} tasks, {a.policy})")
-    print(f"{'class':<22}{'n':>6}{'R^M':>9}{'A^M':>9}{'A^M>0':>8}{'A^M skip':>10}")
+    print(f"{'class':<22}{'n':>6}{'R^M':>9}{'A^M':>9}{'A^M>0':>8}{'A^M skip':>10}{'A^M closing':>13}{'>0':>6}")
     for c, d in table.items():
         print(f"{c:<22}{d['n']:>6}{d['r_m_mean']:>+9.3f}{d['a_m_mean']:>+9.3f}{d['a_m_positive_share']:>8.2f}"
-              f"{d['a_m_mean_final_memory_skip']:>+10.3f}")
+              f"{d['a_m_mean_final_memory_skip']:>+10.3f}{d['a_m_mean_final_memory_closing']:>+13.3f}"
+              f"{d['a_m_positive_share_final_memory_closing']:>6.2f}")
     if a.out:
         write_json(a.out, out)
         print(f"wrote {a.out}")

@@ -21,6 +21,10 @@ Standard deviations are the unbiased sample std (as verl's GRPO); a group of one
 (`last_turn_flags`): it is read by no later turn, and a memory written as the episode
 closes ("Answers: a1; a2.") scores high for the answers it has found, so scoring it
 credits closing, wrong parts included (docs/results.md, "Why MemPO answers early").
+`final_memory="closing"` keeps the closing memories' A^M but normalises each among its task's
+closing memories (at any turn) instead of among the memories written at its turn index, and
+the other memories among themselves: a closing memory then competes with the other rollouts'
+closes, by the answers each holds, not with memories of rollouts still searching.
 `rm_max` (`mempo.rm_max`) caps R^M from above. With eps="full_context", rm_max=0 makes the
 memory reward a retention penalty: a memory can lose against the history it replaces (it
 dropped what the history holds) and never gain on it, so restating answers in a closing
@@ -38,7 +42,7 @@ import torch
 EpsMode = Literal["previous", "full_context", "none"]
 RewardForm = Literal["prob", "logprob"]
 MemGroupMode = Literal["per_turn", "per_group"]
-FinalMemoryMode = Literal["score", "skip"]
+FinalMemoryMode = Literal["score", "skip", "closing"]
 
 GroupIds = Sequence[Hashable] | torch.Tensor
 
@@ -408,6 +412,7 @@ def memory_advantage(
     eps: float = 1e-6,
     min_std: float = 0.0,
     skip: torch.Tensor | Sequence[bool] | None = None,
+    closing: torch.Tensor | Sequence[bool] | None = None,
 ) -> torch.Tensor:
     """A^M: memory rewards normalised like GRPO within each (prompt group, turn index).
 
@@ -425,6 +430,9 @@ def memory_advantage(
             advantages. With a floor, differences far below it give advantages near 0.
         skip: [M] flags; a skipped record gets 0 and is left out of the normalisation sets
             (e.g. `last_turn_flags` for `final_memory="skip"`).
+        closing: [M] flags; a flagged record is normalised among its group's flagged records
+            (any turn index), the others within their own sets without them (e.g.
+            `last_turn_flags` for `final_memory="closing"`).
     Returns:
         float tensor [M]; 0 for records alone in their normalisation set.
     """
@@ -448,6 +456,11 @@ def memory_advantage(
         keys = list(g)
     else:
         raise ValueError(f"unknown memory advantage grouping '{group}' (per_turn | per_group)")
+    if closing is not None:
+        close = torch.as_tensor(closing, dtype=torch.bool).reshape(-1).tolist()
+        if len(close) != r.numel():
+            raise ValueError(f"closing has {len(close)} flags for {r.numel()} memory rewards")
+        keys = [(gi, "closing") if c else (k, "open") for gi, k, c in zip(g, keys, close, strict=True)]
     return _group_normalise(r, _codes(keys), norm_by_std, eps, min_std)
 
 

@@ -164,6 +164,29 @@ def test_last_turn_flags_and_skipping_final_memories_hand_worked():
         memory_advantage(r, GROUP, TURN, skip=[False] * 12)
 
 
+def test_closing_memories_normalised_among_their_tasks_closes_hand_worked():
+    """final_memory closing: each rollout's last memory competes with the task's other last
+    memories (any turn), the rest within (task, turn) without them."""
+    rollout = ["a", "a", "b", "b", "b", "c", "d", "d"]
+    group = ["P"] * 6 + ["Q"] * 2
+    turn = [0, 1, 0, 1, 2, 0, 0, 1]
+    r = [1.0, 5.0, 2.0, 3.0, 4.0, 6.0, 7.0, 9.0]
+    close = last_turn_flags(rollout, turn)
+    assert close.tolist() == [False, True, False, False, True, True, False, True]
+    adv = memory_advantage(r, group, turn, closing=close, eps=0.0)
+    # P's closes 5, 4, 6 (turns 1, 2, 0): mean 5, std 1 -> 0, -1, +1
+    assert adv[[1, 4, 5]].tolist() == pytest.approx([0.0, -1.0, 1.0], abs=1e-6)
+    # P turn 0 without c's close: 1, 2 -> -+1/sqrt(2); P turn 1 open: b's 3 alone -> 0
+    assert adv[[0, 2, 3]].tolist() == pytest.approx([-H, H, 0.0], abs=1e-4)
+    # Q: one rollout, its open and its closing memory each alone -> 0
+    assert adv[[6, 7]].tolist() == [0.0, 0.0]
+    # per turn (score), c's close at turn 0 sits with the open memories 1, 2: mean 3, std sqrt(7)
+    assert memory_advantage(r, group, turn, eps=0.0)[0].item() == pytest.approx(-2 / 7 ** 0.5, abs=1e-5)
+    assert torch.equal(memory_advantage(r, group, turn, closing=[False] * 8), memory_advantage(r, group, turn))
+    with pytest.raises(ValueError, match="7 flags for 8"):
+        memory_advantage(r, group, turn, closing=[False] * 7)
+
+
 def test_combine_hand_worked():
     a_t = torch.tensor([1.154701, -0.57735])
     a_m = torch.tensor([-0.218218, 0.707107])

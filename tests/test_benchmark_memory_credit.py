@@ -39,9 +39,13 @@ def test_turn_class(answer, last_class):
 def test_summarise_per_class():
     mod = memory_credit()
     classes = ["continuing", "continuing", "answer: some right", "continuing", "answer: all right"]
-    out = mod.summarise(classes, [1.0, 2.0, 6.0, 0.0, 9.0], [-0.5, 0.5, 0.8, -1.0, 1.2], [-1.0, 1.0, 0.0, 0.0, 0.0])
+    out = mod.summarise(classes, [1.0, 2.0, 6.0, 0.0, 9.0], [-0.5, 0.5, 0.8, -1.0, 1.2], [-1.0, 1.0, 0.0, 0.0, 0.0],
+                        [-1.0, 1.0, -0.4, 0.0, 0.4])
     assert list(out) == ["answer: all right", "answer: some right", "continuing"]  # CLASSES order, empty ones left out
     cont = out["continuing"]
     assert cont["n"] == 3 and cont["r_m_mean"] == pytest.approx(1.0) and cont["a_m_mean"] == pytest.approx(-1 / 3)
     assert cont["a_m_positive_share"] == pytest.approx(1 / 3)
     assert out["answer: some right"]["a_m_mean_final_memory_skip"] == 0.0
+    assert out["answer: some right"]["a_m_mean_final_memory_closing"] == pytest.approx(-0.4)
+    assert out["answer: all right"]["a_m_positive_share_final_memory_closing"] == 1.0
+    assert cont["a_m_positive_share_final_memory_closing"] == pytest.approx(1 / 3)

@@ -220,6 +220,8 @@ def test_every_rl_variant_is_a_valid_params_override_and_names_its_format(learni
     assert half.model_dump() == {**full_weight.model_dump(), "lambda_mem": 0.5}  # only the weight differs
     half_skip = load_params(learning.PARAMS, learning.RL_VARIANTS["mempo_half_skip"][1]).mempo
     assert half_skip.model_dump() == {**half.model_dump(), "final_memory": "skip"}  # only the closing memory's A^M
+    half_closing = load_params(learning.PARAMS, learning.RL_VARIANTS["mempo_half_closing"][1]).mempo
+    assert half_closing.model_dump() == {**half.model_dump(), "final_memory": "closing"}
     assert set(learning.DEFAULT_VARIANTS) <= set(learning.RL_VARIANTS)
 
 

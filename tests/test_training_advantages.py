@@ -120,3 +120,21 @@ def test_final_memory_skip_gives_each_episodes_last_memory_only_a_t(step_batch) 
     assert float(adv["A_M"][0]) == 0.0
     _, scored = build_turn_samples(eps, groups, outcome, mem_r, 1.0, mp)
     assert float(scored["A_M"][0]) != 0.0  # with final memories scored, A#1's one memory joins A's turn-0 set
+
+
+def test_final_memory_closing_normalises_the_last_memories_among_their_tasks_closes(step_batch) -> None:
+    from mempo.advantage import last_turn_flags, memory_advantage
+    from mempo.training.grpo_update import build_turn_samples
+
+    eps, groups, outcome, mem_r, mp = step_batch
+    _, adv = build_turn_samples(eps, groups, outcome, mem_r, 1.0, mp.model_copy(update={"final_memory": "closing"}))
+    rec_episode = [e for e, ep in enumerate(eps) for _ in ep.turns]
+    rec_turn = [t.turn_index for ep in eps for t in ep.turns]
+    last = last_turn_flags(rec_episode, rec_turn)
+    want = memory_advantage(mem_r, [groups[e] for e in rec_episode], rec_turn, mp.norm_by_std, mp.mem_adv_group,
+                            mp.adv_eps, mp.mem_adv_min_std, closing=last)
+    assert torch.equal(adv["A_M"], want)
+    _, skipped = build_turn_samples(eps, groups, outcome, mem_r, 1.0, mp.model_copy(update={"final_memory": "skip"}))
+    # the open memories' sets are the skip mode's; the closing ones get an advantage of their own
+    assert torch.equal(adv["A_M"][~last], skipped["A_M"][~last])
+    assert any(float(a) != 0.0 for a in adv["A_M"][last])

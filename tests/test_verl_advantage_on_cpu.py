@@ -108,6 +108,7 @@ def _verl_rows(eps, shuffle_seed: int = 1, padding_rows: int = 1):
     MempoAdvantageConfig(lambda_mem=0.5, eps="none", norm_by_std=False, mem_adv_group="per_group"),
     MempoAdvantageConfig(eps="previous", form="prob"),
     MempoAdvantageConfig(final_memory="skip"),
+    MempoAdvantageConfig(final_memory="closing"),
     MempoAdvantageConfig(rm_max=0.0),  # the retention penalty
 ])
 def test_trainer_advantage_step_equals_local_trainer_advantages(cfg):

@@ -95,7 +95,7 @@ class MempoParams(Section):
     mem_adv_group: Literal["per_turn", "per_group"] = "per_turn"
     adv_eps: float = Field(1e-6, gt=0.0)
     mem_adv_min_std: float = Field(0.01, ge=0.0)
-    final_memory: Literal["score", "skip"] = "score"
+    final_memory: Literal["score", "skip", "closing"] = "score"
     rm_max: float | None = None
     format_rule: Literal["strict", "penalty", "ignore"] = "strict"
     format_penalty: float = Field(0.0, ge=0.0)

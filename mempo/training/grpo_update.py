@@ -67,9 +67,11 @@ def episode_memory_advantage(episodes: Sequence[Any], group_ids: Sequence[str], 
 
     rec_episode = [e for e, ep in enumerate(episodes) for _ in ep.turns]
     rec_turn = [t.turn_index for ep in episodes for t in ep.turns]
-    skip = last_turn_flags(rec_episode, rec_turn) if mempo.final_memory == "skip" else None
+    last = last_turn_flags(rec_episode, rec_turn) if mempo.final_memory != "score" else None
     return memory_advantage(memory_rewards, [group_ids[e] for e in rec_episode], rec_turn, mempo.norm_by_std,
-                            mempo.mem_adv_group, mempo.adv_eps, mempo.mem_adv_min_std, skip)
+                            mempo.mem_adv_group, mempo.adv_eps, mempo.mem_adv_min_std,
+                            skip=last if mempo.final_memory == "skip" else None,
+                            closing=last if mempo.final_memory == "closing" else None)
 
 
 def build_turn_samples(

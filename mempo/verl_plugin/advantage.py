@@ -54,7 +54,8 @@ class MempoAdvantageConfig:
         mem_adv_group: per_turn | per_group normalisation of A^M.
         adv_eps: added to the std.
         mem_adv_min_std: floor of the std that divides A^M (see `mempo.advantage.memory_advantage`).
-        final_memory: score | skip (each episode's last turn row gets no A^M).
+        final_memory: score | skip (each episode's last turn row gets no A^M) | closing (the last
+            rows normalised among their task's last rows).
         rm_max: upper bound of R^M (None = none; 0 with eps full_context: a retention penalty).
     """
 
@@ -151,12 +152,13 @@ def mempo_advantages(
         full = full_context_scores[idx] if full_context_scores is not None else None
         r_m_real = memory_reward_from_scores(
             mem_scores[idx], [episode_of_row[r] for r in real], turn_index[idx], config.eps, full, config.rm_max)
-        skip = last_turn_flags([episode_of_row[r] for r in real], turn_index[idx]) \
-            if config.final_memory == "skip" else None
+        last = last_turn_flags([episode_of_row[r] for r in real], turn_index[idx]) \
+            if config.final_memory != "score" else None
         a_m_real = memory_advantage(
             r_m_real, [uids[r] for r in real], turn_index[idx],
             norm_by_std=config.norm_by_std, group=config.mem_adv_group, eps=config.adv_eps,
-            min_std=config.mem_adv_min_std, skip=skip)
+            min_std=config.mem_adv_min_std, skip=last if config.final_memory == "skip" else None,
+            closing=last if config.final_memory == "closing" else None)
         r_m[idx] = r_m_real
         a_m[idx] = a_m_real
 
