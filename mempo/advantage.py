@@ -403,6 +403,17 @@ def last_turn_flags(rollout_ids: GroupIds, turn_index: torch.Tensor | Sequence[i
     return torch.tensor([int(t) == last[c] for c, t in zip(codes, turns, strict=True)], dtype=torch.bool)
 
 
+def final_memory_flags(mode: FinalMemoryMode, rollout_ids: GroupIds, turn_index: torch.Tensor | Sequence[int]
+                       ) -> dict[str, torch.Tensor]:
+    """`memory_advantage`'s keyword for a `final_memory` mode: {} for "score", else
+    {"skip" | "closing": `last_turn_flags`}."""
+    if mode == "score":
+        return {}
+    if mode not in ("skip", "closing"):
+        raise ValueError(f"unknown final_memory mode '{mode}' (score | skip | closing)")
+    return {mode: last_turn_flags(rollout_ids, turn_index)}
+
+
 def memory_advantage(
     rewards: torch.Tensor | Sequence[float],
     group_ids: GroupIds,

@@ -15,6 +15,7 @@ from mempo.advantage import (
     MemoryTurn,
     answer_probability,
     combine,
+    final_memory_flags,
     grpo_outcome_advantage,
     last_turn_flags,
     memory_advantage,
@@ -185,6 +186,12 @@ def test_closing_memories_normalised_among_their_tasks_closes_hand_worked():
     assert torch.equal(memory_advantage(r, group, turn, closing=[False] * 8), memory_advantage(r, group, turn))
     with pytest.raises(ValueError, match="7 flags for 8"):
         memory_advantage(r, group, turn, closing=[False] * 7)
+    # the trainers' keyword per mode
+    assert final_memory_flags("score", rollout, turn) == {}
+    assert torch.equal(final_memory_flags("closing", rollout, turn)["closing"], close)
+    assert torch.equal(final_memory_flags("skip", rollout, turn)["skip"], close)
+    with pytest.raises(ValueError, match="unknown final_memory mode 'last'"):
+        final_memory_flags("last", rollout, turn)
 
 
 def test_combine_hand_worked():

@@ -63,15 +63,13 @@ def episode_memory_advantage(episodes: Sequence[Any], group_ids: Sequence[str], 
                              mempo: Any) -> Any:
     """A^M of every turn record of `episodes` (episode / turn order) from their R^M, normalised
     within (task, turn index) with `mempo`'s options, `final_memory` included: float tensor [M]."""
-    from mempo.advantage import last_turn_flags, memory_advantage
+    from mempo.advantage import final_memory_flags, memory_advantage
 
     rec_episode = [e for e, ep in enumerate(episodes) for _ in ep.turns]
     rec_turn = [t.turn_index for ep in episodes for t in ep.turns]
-    last = last_turn_flags(rec_episode, rec_turn) if mempo.final_memory != "score" else None
     return memory_advantage(memory_rewards, [group_ids[e] for e in rec_episode], rec_turn, mempo.norm_by_std,
                             mempo.mem_adv_group, mempo.adv_eps, mempo.mem_adv_min_std,
-                            skip=last if mempo.final_memory == "skip" else None,
-                            closing=last if mempo.final_memory == "closing" else None)
+                            **final_memory_flags(mempo.final_memory, rec_episode, rec_turn))
 
 
 def build_turn_samples(

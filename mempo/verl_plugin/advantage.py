@@ -32,8 +32,8 @@ from mempo.advantage import (
     MemGroupMode,
     RewardForm,
     combine,
+    final_memory_flags,
     grpo_outcome_advantage,
-    last_turn_flags,
     memory_advantage,
     memory_reward_from_scores,
 )
@@ -152,13 +152,11 @@ def mempo_advantages(
         full = full_context_scores[idx] if full_context_scores is not None else None
         r_m_real = memory_reward_from_scores(
             mem_scores[idx], [episode_of_row[r] for r in real], turn_index[idx], config.eps, full, config.rm_max)
-        last = last_turn_flags([episode_of_row[r] for r in real], turn_index[idx]) \
-            if config.final_memory != "score" else None
         a_m_real = memory_advantage(
             r_m_real, [uids[r] for r in real], turn_index[idx],
             norm_by_std=config.norm_by_std, group=config.mem_adv_group, eps=config.adv_eps,
-            min_std=config.mem_adv_min_std, skip=last if config.final_memory == "skip" else None,
-            closing=last if config.final_memory == "closing" else None)
+            min_std=config.mem_adv_min_std,
+            **final_memory_flags(config.final_memory, [episode_of_row[r] for r in real], turn_index[idx]))
         r_m[idx] = r_m_real
         a_m[idx] = a_m_real
 
