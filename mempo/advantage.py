@@ -403,6 +403,14 @@ def last_turn_flags(rollout_ids: GroupIds, turn_index: torch.Tensor | Sequence[i
     return torch.tensor([int(t) == last[c] for c, t in zip(codes, turns, strict=True)], dtype=torch.bool)
 
 
+def _record_flags(flags: torch.Tensor | Sequence[bool], n: int, name: str) -> torch.Tensor:
+    """`memory_advantage`'s per-record flags (skip, closing) as bool [n]; another length: ValueError."""
+    out = torch.as_tensor(flags, dtype=torch.bool).reshape(-1)
+    if out.numel() != n:
+        raise ValueError(f"{name} has {out.numel()} flags for {n} memory rewards")
+    return out
+
+
 def final_memory_flags(mode: FinalMemoryMode, rollout_ids: GroupIds, turn_index: torch.Tensor | Sequence[int]
                        ) -> dict[str, torch.Tensor]:
     """`memory_advantage`'s keyword for a `final_memory` mode: {} for "score", else
@@ -448,16 +456,16 @@ def memory_advantage(
         float tensor [M]; 0 for records alone in their normalisation set.
     """
     r = _as_float64(rewards)
+    close = None if closing is None else _record_flags(closing, r.numel(), "closing")
     if skip is not None:
-        drop = torch.as_tensor(skip, dtype=torch.bool).reshape(-1)
-        if drop.numel() != r.numel():
-            raise ValueError(f"skip has {drop.numel()} flags for {r.numel()} memory rewards")
+        drop = _record_flags(skip, r.numel(), "skip")
         out = torch.zeros(r.numel(), dtype=torch.float32)
         keep = (~drop).nonzero().reshape(-1)
         if keep.numel():
             kept_groups = _codes(group_ids)[keep]  # codes: a tensor or a list of ids alike
             out[keep] = memory_advantage(r[keep], kept_groups, torch.as_tensor(turn_index).reshape(-1)[keep],
-                                         norm_by_std, group, eps, min_std)
+                                         norm_by_std, group, eps, min_std,
+                                         closing=None if close is None else close[keep])
         return out
     g = _codes(group_ids).tolist()
     if group == "per_turn":
@@ -467,11 +475,8 @@ def memory_advantage(
         keys = list(g)
     else:
         raise ValueError(f"unknown memory advantage grouping '{group}' (per_turn | per_group)")
-    if closing is not None:
-        close = torch.as_tensor(closing, dtype=torch.bool).reshape(-1).tolist()
-        if len(close) != r.numel():
-            raise ValueError(f"closing has {len(close)} flags for {r.numel()} memory rewards")
-        keys = [(gi, "closing") if c else (k, "open") for gi, k, c in zip(g, keys, close, strict=True)]
+    if close is not None:
+        keys = [(gi, "closing") if c else (k, "open") for gi, k, c in zip(g, keys, close.tolist(), strict=True)]
     return _group_normalise(r, _codes(keys), norm_by_std, eps, min_std)
 
 

@@ -166,8 +166,8 @@ def check_same_weights(path: Path, sig: dict[str, Any], first_path: Path, first_
             raise MempoError(f"{path}: --across-machines joins parts on their SFT weights' sha256, but "
                              f"{missing[0]} did not record {k!r} (learning.py's config.start, since 2026-12-04)")
         if sig[k] != first_sig[k]:
-            raise MempoError(f"{path}: its RL start has {k} {sig.get(k)!r}, but {first_path}'s has "
-                             f"{first_sig.get(k)!r}: not the same SFT weights, on any machine")
+            raise MempoError(f"{path}: its RL start has {k} {sig[k]!r}, but {first_path}'s has "
+                             f"{first_sig[k]!r}: not the same SFT weights, on any machine")
     return {k: [first_sig[k], sig[k]] for k in sorted(sig) if k in first_sig and first_sig[k] != sig[k]}
 
 
