@@ -186,6 +186,10 @@ def test_closing_memories_normalised_among_their_tasks_closes_hand_worked():
     assert torch.equal(memory_advantage(r, group, turn, closing=[False] * 8), memory_advantage(r, group, turn))
     with pytest.raises(ValueError, match="7 flags for 8"):
         memory_advantage(r, group, turn, closing=[False] * 7)
+    # with records skipped too, the closing sets are formed among the records kept
+    skip = [False, False, False, False, False, True, False, False]  # c's close left out
+    both = memory_advantage(r, group, turn, closing=close, skip=skip, eps=0.0)
+    assert both[5].item() == 0.0 and both[[1, 4]].tolist() == pytest.approx([2 ** -0.5, -(2 ** -0.5)], abs=1e-5)
     # the trainers' keyword per mode
     assert final_memory_flags("score", rollout, turn) == {}
     assert torch.equal(final_memory_flags("closing", rollout, turn)["closing"], close)
