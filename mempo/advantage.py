@@ -24,7 +24,10 @@ credits closing, wrong parts included (docs/results.md, "Why MemPO answers early
 `final_memory="closing"` keeps the closing memories' A^M but normalises each among its task's
 closing memories (at any turn) instead of among the memories written at its turn index, and
 the other memories among themselves: a closing memory then competes with the other rollouts'
-closes, by the answers each holds, not with memories of rollouts still searching.
+closes, by the answers each holds, not with memories of rollouts still searching. Only
+rollouts that answered close: the last memory of a rollout stopped at the turn limit has read
+the most and would outscore every close (RL then learns to search to the limit), so it stays
+with the memories of its turn.
 `rm_max` (`mempo.rm_max`) caps R^M from above. With eps="full_context", rm_max=0 makes the
 memory reward a retention penalty: a memory can lose against the history it replaces (it
 dropped what the history holds) and never gain on it, so restating answers in a closing
@@ -411,15 +414,23 @@ def _record_flags(flags: torch.Tensor | Sequence[bool], n: int, name: str) -> to
     return out
 
 
-def final_memory_flags(mode: FinalMemoryMode, rollout_ids: GroupIds, turn_index: torch.Tensor | Sequence[int]
-                       ) -> dict[str, torch.Tensor]:
-    """`memory_advantage`'s keyword for a `final_memory` mode: {} for "score", else
-    {"skip" | "closing": `last_turn_flags`}."""
+def final_memory_flags(mode: FinalMemoryMode, rollout_ids: GroupIds, turn_index: torch.Tensor | Sequence[int],
+                       answered: torch.Tensor | Sequence[bool] | None = None) -> dict[str, torch.Tensor]:
+    """`memory_advantage`'s keyword for a `final_memory` mode: {} for "score", {"skip":
+    `last_turn_flags`} for "skip", and for "closing" {"closing": the last records of the rollouts
+    that closed with an answer}. `answered` ([M], needed for "closing") flags the records whose
+    rollout gave a final answer: a rollout stopped at the turn limit did not close, and its last
+    memory, which has read the most and would outscore every close, stays in its (task, turn) set."""
     if mode == "score":
         return {}
     if mode not in ("skip", "closing"):
         raise ValueError(f"unknown final_memory mode '{mode}' (score | skip | closing)")
-    return {mode: last_turn_flags(rollout_ids, turn_index)}
+    last = last_turn_flags(rollout_ids, turn_index)
+    if mode == "skip":
+        return {"skip": last}
+    if answered is None:
+        raise ValueError("final_memory 'closing' needs `answered`: which records' rollouts gave a final answer")
+    return {"closing": last & _record_flags(answered, last.numel(), "answered")}
 
 
 def memory_advantage(
@@ -451,7 +462,7 @@ def memory_advantage(
             (e.g. `last_turn_flags` for `final_memory="skip"`).
         closing: [M] flags; a flagged record is normalised among its group's flagged records
             (any turn index), the others within their own sets without them (e.g.
-            `last_turn_flags` for `final_memory="closing"`).
+            `final_memory_flags` for `final_memory="closing"`).
     Returns:
         float tensor [M]; 0 for records alone in their normalisation set.
     """

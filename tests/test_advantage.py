@@ -192,7 +192,13 @@ def test_closing_memories_normalised_among_their_tasks_closes_hand_worked():
     assert both[5].item() == 0.0 and both[[1, 4]].tolist() == pytest.approx([2 ** -0.5, -(2 ** -0.5)], abs=1e-5)
     # the trainers' keyword per mode
     assert final_memory_flags("score", rollout, turn) == {}
-    assert torch.equal(final_memory_flags("closing", rollout, turn)["closing"], close)
+    answered = [r != "b" for r in rollout]  # b stopped at the turn limit: its last memory is no close
+    got = final_memory_flags("closing", rollout, turn, answered)["closing"]
+    assert got.tolist() == [False, True, False, False, False, True, False, True]
+    with pytest.raises(ValueError, match="needs `answered`"):
+        final_memory_flags("closing", rollout, turn)
+    with pytest.raises(ValueError, match="7 flags for 8"):
+        final_memory_flags("closing", rollout, turn, answered[:7])
     assert torch.equal(final_memory_flags("skip", rollout, turn)["skip"], close)
     with pytest.raises(ValueError, match="unknown final_memory mode 'last'"):
         final_memory_flags("last", rollout, turn)

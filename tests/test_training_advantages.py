@@ -127,14 +127,25 @@ def test_final_memory_closing_normalises_the_last_memories_among_their_tasks_clo
     from mempo.training.grpo_update import build_turn_samples
 
     eps, groups, outcome, mem_r, mp = step_batch
-    _, adv = build_turn_samples(eps, groups, outcome, mem_r, 1.0, mp.model_copy(update={"final_memory": "closing"}))
+    for ep in eps[:3]:  # B#1 stops at the turn limit: no answer, so its last memory is no close
+        ep.final_answer = "a"
+    closing = mp.model_copy(update={"final_memory": "closing"})
+    _, adv = build_turn_samples(eps, groups, outcome, mem_r, 1.0, closing)
     rec_episode = [e for e, ep in enumerate(eps) for _ in ep.turns]
     rec_turn = [t.turn_index for ep in eps for t in ep.turns]
     last = last_turn_flags(rec_episode, rec_turn)
+    closes = last & torch.tensor([e < 3 for e in rec_episode])
     want = memory_advantage(mem_r, [groups[e] for e in rec_episode], rec_turn, mp.norm_by_std, mp.mem_adv_group,
-                            mp.adv_eps, mp.mem_adv_min_std, closing=last)
+                            mp.adv_eps, mp.mem_adv_min_std, closing=closes)
     assert torch.equal(adv["A_M"], want)
+    # B's close (B#0, 0.9) and B#1's last memory (0.4) are each alone in their sets -> 0; had the
+    # turn-limit memory counted as a close, the two would share a set and get -+1/sqrt(2)
+    assert float(adv["A_M"][4]) == 0.0 and float(adv["A_M"][6]) == 0.0
+    as_closes = memory_advantage(mem_r, [groups[e] for e in rec_episode], rec_turn, mp.norm_by_std,
+                                 mp.mem_adv_group, mp.adv_eps, mp.mem_adv_min_std, closing=last)
+    assert float(as_closes[4]) == pytest.approx(2 ** -0.5, abs=1e-4)
+    # A's closes (A#0 turn 1, A#1 turn 0) share one set; A#0's open memory is alone at turn 0
+    assert float(adv["A_M"][1]) == pytest.approx(-(2 ** -0.5), abs=1e-4) and float(adv["A_M"][0]) == 0.0
     _, skipped = build_turn_samples(eps, groups, outcome, mem_r, 1.0, mp.model_copy(update={"final_memory": "skip"}))
-    # the open memories' sets are the skip mode's; the closing ones get an advantage of their own
-    assert torch.equal(adv["A_M"][~last], skipped["A_M"][~last])
-    assert any(float(a) != 0.0 for a in adv["A_M"][last])
+    # the open memories' sets are the skip mode's where every rollout answered (task A)
+    assert torch.equal(adv["A_M"][:3][~last[:3]], skipped["A_M"][:3][~last[:3]])

@@ -17,6 +17,7 @@ from mempo.verl_plugin.advantage import (
     mem_tensors_from_extra_fields,
     parse_output_key,
 )
+from mempo.verl_plugin.reward import FINAL_ANSWER_KEY
 
 WIDTH = 12
 
@@ -33,7 +34,8 @@ def _episodes(seed: int = 0) -> list[dict]:
                 start = rng.randint(0, length - 2)
                 turns.append({"length": length, "mem": (start, rng.randint(start + 1, length)),
                               "score": rng.random(), "full": rng.random()})
-            eps.append({"uid": uid, "session": session, "R": float(rng.random() < 0.5), "turns": turns})
+            eps.append({"uid": uid, "session": session, "R": float(rng.random() < 0.5), "turns": turns,
+                        "answered": (uid, session) != ("q_a", 1)})  # one rollout stopped at the turn limit
     return eps
 
 
@@ -48,7 +50,8 @@ def _local_advantages(eps, cfg: MempoAdvantageConfig) -> dict[tuple[str, int, in
     episodes = []
     for e in eps:
         ep = Episode(episode_id=f"{e['uid']}#{e['session']}", item_id=e["uid"], question="q",
-                     golden_answers=["a"], objectives=[["a"]], context="memory")
+                     golden_answers=["a"], objectives=[["a"]], context="memory",
+                     final_answer="a" if e["answered"] else None)
         for t, turn in enumerate(e["turns"]):
             mask = [1 if turn["mem"][0] <= j < turn["mem"][1] else 0 for j in range(turn["length"])]
             ep.turns.append(TurnRecord(
@@ -78,12 +81,13 @@ def _verl_rows(eps, shuffle_seed: int = 1, padding_rows: int = 1):
     rows = []
     for e in eps:
         for t, turn in enumerate(e["turns"]):
-            rows.append((f"{e['uid']}_{e['session']}_{t}", e["uid"], e["R"], turn, t))
+            rows.append((f"{e['uid']}_{e['session']}_{t}", e["uid"], e["R"], turn, t,
+                         t == len(e["turns"]) - 1, "a" if e["answered"] else None))
     random.Random(shuffle_seed).shuffle(rows)
     keys, uids, extra = [], [], []
     rewards = torch.zeros(len(rows) + padding_rows, WIDTH)
     resp = torch.zeros(len(rows) + padding_rows, WIDTH, dtype=torch.long)
-    for r, (key, uid, score, turn, t) in enumerate(rows):
+    for r, (key, uid, score, turn, t, last, answer) in enumerate(rows):
         keys.append(key)
         uids.append(uid)
         resp[r, :turn["length"]] = 1
@@ -94,6 +98,8 @@ def _verl_rows(eps, shuffle_seed: int = 1, padding_rows: int = 1):
         extra.append({"mem_mask": mask, "turn_index": t, "mem_prob": turn["score"],
                       "mem_logprob": float(np.log(turn["score"])), "full_prob": turn["full"],
                       "full_logprob": float(np.log(turn["full"]))})
+        if last:  # the agent loop writes the episode's final answer (None: none) on its last row
+            extra[-1][FINAL_ANSWER_KEY] = answer
     for p in range(padding_rows):  # verl: pad uid, session p, turn 0; template extra fields copied
         keys.append(f"padabc_{p}_0")
         uids.append("padabc")
@@ -135,6 +141,33 @@ def test_trainer_advantage_step_equals_local_trainer_advantages(cfg):
         assert torch.all(adv[r, n:] == 0)  # right padding
     assert metrics["mempo/episodes"] == 7  # 6 real sessions + the padding group
     assert adv.abs().sum() > 0
+
+
+def test_closing_on_verl_takes_the_closes_from_the_rows_final_answers():
+    """final_memory closing: a rollout whose last row carries no final answer (the turn limit)
+    closes nothing, so its task's advantages change with it; without the flags the step refuses."""
+    from verl.protocol import DataProto
+
+    from mempo.verl_plugin.advantage import mempo_advantages
+    from mempo.verl_plugin.trainer import mempo_advantage_step
+
+    cfg = MempoAdvantageConfig(final_memory="closing")
+    runs = {}
+    for name, eps in (("one stopped", _episodes()), ("all answered", [{**e, "answered": True} for e in _episodes()])):
+        keys, uids, rewards, resp, extra, is_padding = _verl_rows(eps)
+        data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": resp},
+                                   non_tensors={"uid": np.array(uids, dtype=object)})
+        runs[name] = (keys, mempo_advantage_step(data, keys, extra, cfg, is_padding=is_padding)[0].batch["advantages"])
+    keys, stopped = runs["one stopped"]
+    _, answered = runs["all answered"]
+    q_a = [r for r, k in enumerate(keys) if k.startswith("q_a_")]
+    q_b = [r for r, k in enumerate(keys) if k.startswith("q_b_")]
+    assert not torch.equal(stopped[q_a], answered[q_a])
+    assert torch.equal(stopped[q_b], answered[q_b])
+    keys, uids, rewards, resp, extra, is_padding = _verl_rows(_episodes())
+    mem_mask, scores, turns, full = mem_tensors_from_extra_fields(extra, WIDTH, cfg.form)
+    with pytest.raises(ValueError, match="needs `answered`"):
+        mempo_advantages(keys, uids, rewards, resp, mem_mask, scores, turns, cfg, full, is_padding)
 
 
 def test_without_memory_term_equals_verls_own_multi_trajectory_grpo():

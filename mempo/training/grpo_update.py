@@ -67,9 +67,10 @@ def episode_memory_advantage(episodes: Sequence[Any], group_ids: Sequence[str], 
 
     rec_episode = [e for e, ep in enumerate(episodes) for _ in ep.turns]
     rec_turn = [t.turn_index for ep in episodes for t in ep.turns]
+    answered = [episodes[e].final_answer is not None for e in rec_episode]
     return memory_advantage(memory_rewards, [group_ids[e] for e in rec_episode], rec_turn, mempo.norm_by_std,
                             mempo.mem_adv_group, mempo.adv_eps, mempo.mem_adv_min_std,
-                            **final_memory_flags(mempo.final_memory, rec_episode, rec_turn))
+                            **final_memory_flags(mempo.final_memory, rec_episode, rec_turn, answered))
 
 
 def build_turn_samples(

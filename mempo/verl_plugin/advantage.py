@@ -101,6 +101,7 @@ def mempo_advantages(
     config: MempoAdvantageConfig,
     full_context_scores: torch.Tensor | None = None,
     is_padding: Sequence[bool] | None = None,
+    answered: Sequence[bool] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-token MemPO advantages for a batch of turn rows.
 
@@ -116,6 +117,9 @@ def mempo_advantages(
         config: lambda_mem, eps, normalisation.
         full_context_scores: [B], S(a* | full history up to turn t) (eps=full_context).
         is_padding: B flags for verl's synthetic padding rows (they get 0 advantage).
+        answered: B flags, True on a row that carries its episode's final answer (the agent loop
+            writes it on the last row); needed with final_memory closing, where only episodes
+            that answered close.
     Returns:
         (advantages [B, L] float32, metrics) where metrics holds means of A^T, A^M, R^M.
     """
@@ -156,7 +160,8 @@ def mempo_advantages(
             r_m_real, [uids[r] for r in real], turn_index[idx],
             norm_by_std=config.norm_by_std, group=config.mem_adv_group, eps=config.adv_eps,
             min_std=config.mem_adv_min_std,
-            **final_memory_flags(config.final_memory, [episode_of_row[r] for r in real], turn_index[idx]))
+            **final_memory_flags(config.final_memory, [episode_of_row[r] for r in real], turn_index[idx],
+                                 _episode_answered(answered, episode_of_row, last_row, real)))
         r_m[idx] = r_m_real
         a_m[idx] = a_m_real
 
@@ -173,6 +178,16 @@ def mempo_advantages(
         "mempo/episodes": float(len(episodes)),
     }
     return adv, metrics
+
+
+def _episode_answered(answered: Sequence[bool] | None, episode_of_row: Sequence[str],
+                      last_row: Mapping[str, tuple[int, int]], rows: Sequence[int]) -> list[bool] | None:
+    """For each of `rows`: whether its episode's last row is flagged `answered` (None: unknown)."""
+    if answered is None:
+        return None
+    if len(answered) != len(episode_of_row):
+        raise ValueError(f"answered has {len(answered)} flags for {len(episode_of_row)} rows")
+    return [bool(answered[last_row[episode_of_row[r]][1]]) for r in rows]
 
 
 def mem_tensors_from_extra_fields(

@@ -45,6 +45,7 @@ from mempo.verl_plugin.advantage import (
     mempo_advantages,
 )
 from mempo.verl_plugin.health import HealthLimits, check_rollout_health, rollout_health
+from mempo.verl_plugin.reward import FINAL_ANSWER_KEY
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ def mempo_advantage_step(
         config=config,
         full_context_scores=full,
         is_padding=is_padding,
+        answered=[(ef or {}).get(FINAL_ANSWER_KEY) is not None for ef in extra_fields],
     )
     adv = adv.to(data.batch["token_level_rewards"].dtype)
     data.batch["advantages"] = adv
