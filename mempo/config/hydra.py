@@ -30,8 +30,9 @@ HYDRA_MEMPO_KEYS: dict[str, tuple[str, str, str]] = {
     "mem_adv_min_std": ("mempo", "mem_adv_min_std", "floor of the std that divides A^M: memories that all score "
                                                     "about the same get A^M ~ 0"),
     "final_memory": ("mempo", "final_memory", "score | skip: each episode's last memory (read by no later turn) "
-                                              "gets no A^M and is left out of its normalisation | closing: "
-                                              "last memories normalised among their task's last memories"),
+                                              "gets no A^M and is left out of its normalisation | closing: the "
+                                              "last memories of episodes that answered normalised among "
+                                              "their task's"),
     "rm_max": ("mempo", "rm_max", "upper bound of the memory reward R^M (null = none); 0 with eps full_context: a "
                                   "memory can lose against the history it replaces, never gain"),
     "max_turns": ("rollout", "max_turns", "turns per episode (params: rollout.max_turns)"),

@@ -55,7 +55,7 @@ class MempoAdvantageConfig:
         adv_eps: added to the std.
         mem_adv_min_std: floor of the std that divides A^M (see `mempo.advantage.memory_advantage`).
         final_memory: score | skip (each episode's last turn row gets no A^M) | closing (the last
-            rows normalised among their task's last rows).
+            rows of episodes that answered normalised among their task's; needs `answered`).
         rm_max: upper bound of R^M (None = none; 0 with eps full_context: a retention penalty).
     """
 
