@@ -26,8 +26,9 @@ closing memories (at any turn) instead of among the memories written at its turn
 the other memories among themselves: a closing memory then competes with the other rollouts'
 closes, by the answers each holds, not with memories of rollouts still searching. Only
 rollouts that answered close: the last memory of a rollout stopped at the turn limit has read
-the most and would outscore every close (RL then learns to search to the limit), so it stays
-with the memories of its turn.
+the most and would outscore every close, so it stays with the memories of its turn. Measured
+in RL (docs/results.md, "The fixed `closing` rule in RL"), both modes take the closes out of
+the per-turn sets, and with them `score`'s push to answer.
 `rm_max` (`mempo.rm_max`) caps R^M from above. With eps="full_context", rm_max=0 makes the
 memory reward a retention penalty: a memory can lose against the history it replaces (it
 dropped what the history holds) and never gain on it, so restating answers in a closing
