@@ -197,13 +197,20 @@ def outcome_reward(
     multi_rule: MultiRule = "all",
     format_rule: FormatRule = "strict",
     format_penalty: float = 0.0,
+    no_answer_penalty: float = 0.0,
 ) -> float:
     """R^T: correctness of the final answer, gated or penalised by format validity.
 
     `format_rule`: "strict" (MemPO default: R = correct AND valid, so 0 when invalid),
     "penalty" (R = correct - format_penalty when invalid, floored at -format_penalty),
     "ignore" (R = correct).
+    `no_answer_penalty`: an episode that ends without a final answer (`answer` None: the turn
+    or context limit) scores -no_answer_penalty whatever the format rule; a wrong answer
+    keeps 0. Default 0: no answer and a wrong answer score the same, as in MemPO. A positive
+    value is an explicit push to answer before the turn limit.
     """
+    if answer is None and no_answer_penalty:
+        return -float(no_answer_penalty)
     correct = answer_correctness(answer, golden_answers, objectives, multi_rule)
     if format_valid or format_rule == "ignore":
         return correct
@@ -238,6 +245,7 @@ def episode_score(
         multi_rule=kwargs.get("multi_rule", "all"),
         format_rule=kwargs.get("format_rule", "strict"),
         format_penalty=float(kwargs.get("format_penalty", 0.0)),
+        no_answer_penalty=float(kwargs.get("no_answer_penalty", 0.0)),
     )
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from mempo.rewards import (
     answer_correctness,
     compute_score,
+    episode_score,
     episode_format_valid,
     exact_match,
     multi_objective_scores,
@@ -137,6 +138,24 @@ def test_objective_answers_and_correctness_rules():
     assert answer_correctness("ex; nope", ["x; y"], [["x", "ex"], ["y"]], multi_rule="mean") == 0.5
     assert answer_correctness("ex; nope", ["x; y"], [["x", "ex"], ["y"]], multi_rule="all") == 0.0
     assert answer_correctness("ex; y", ["x; y"], [["x", "ex"], ["y"]]) == 1.0
+
+
+def test_no_answer_penalty_scores_an_unanswered_episode_below_a_wrong_answer():
+    # default 0: no answer and a wrong answer score the same (MemPO's R^T)
+    assert outcome_reward(None, ["Paris"], format_valid=False) == 0.0
+    for rule in ("strict", "penalty", "ignore"):
+        assert outcome_reward(None, ["Paris"], False, format_rule=rule, format_penalty=0.2,
+                              no_answer_penalty=0.5) == pytest.approx(-0.5)
+    # an answer, right or wrong, is untouched by it
+    assert outcome_reward("Rome", ["Paris"], True, no_answer_penalty=0.5) == 0.0
+    assert outcome_reward("Paris", ["Paris"], True, no_answer_penalty=0.5) == 1.0
+    assert outcome_reward("Paris; Rome", ["Paris; Rome"], True, no_answer_penalty=0.5) == 1.0
+    # verl's reward kwargs reach it, from structured fields and from a decoded transcript
+    assert episode_score(None, False, ["Paris"], no_answer_penalty=0.25) == pytest.approx(-0.25)
+    assert episode_score("Rome", True, ["Paris"], no_answer_penalty=0.25) == 0.0
+    searching = "<mem> looking </mem> <search> Paris </search> <information> x </information>"
+    assert compute_score("world", searching, ["Paris"], no_answer_penalty=0.25) == pytest.approx(-0.25)
+    assert compute_score("world", searching, ["Paris"]) == 0.0
 
 
 def test_outcome_reward_format_rules():

@@ -112,7 +112,8 @@ def test_hydra_composes_overlay_over_verl_defaults_and_verl_validation_passes(co
     assert cfg.actor_rollout_ref.actor.kl_loss_type == "low_var_kl" and cfg.actor_rollout_ref.actor.use_kl_loss
     assert cfg.actor_rollout_ref.actor.clip_ratio_c == 3.0  # untouched verl default
     resolved = OmegaConf.to_container(cfg.reward.custom_reward_function, resolve=True)
-    assert resolved["reward_kwargs"] == {"multi_rule": "all", "format_rule": "strict", "format_penalty": 0.0}
+    assert resolved["reward_kwargs"] == {"multi_rule": "all", "format_rule": "strict", "format_penalty": 0.0,
+                                        "no_answer_penalty": 0.0}
 
 
 def test_model_path_and_data_are_parameters_not_verl_example_defaults():
@@ -202,6 +203,19 @@ def test_reward_function_through_verls_reward_loop(composed, tiny_policy):  # no
     # without the outcome (a plain single-turn agent) the decoded last response is scored
     assert score(final, ["Paris"], {})["reward_score"] == 1.0
     assert score(first, ["Paris"], {})["reward_score"] == 0.0
+    # mempo.no_answer_penalty reaches the reward through reward_kwargs: an episode stopped at
+    # the turn limit (no final answer) scores below a wrong answer
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(OmegaConf.to_container(composed, resolve=False))
+    cfg.mempo.no_answer_penalty = 0.5
+    pen = NaiveRewardManager(cfg, tok, get_custom_reward_fn(cfg))
+    stopped = {"mempo_final_answer": None, "mempo_format_valid": False, "mempo_termination": "turn_limit"}
+    row = _reward_row(tok, first, ["Paris"], stopped)
+    assert pen.loop.run_until_complete(pen.run_single(row))["reward_score"] == -0.5
+    assert score(first, ["Paris"], stopped)["reward_score"] == 0.0  # the default: a wrong answer's 0
+    wrong = _reward_row(tok, final, ["Lyon"], outcome)
+    assert pen.loop.run_until_complete(pen.run_single(wrong))["reward_score"] == 0.0
 
 
 def test_required_verl_pin_matches_installed():

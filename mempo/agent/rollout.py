@@ -189,13 +189,14 @@ class Episode:
 
         return episode_format_valid(self.turns)
 
-    def outcome_reward(self, multi_rule: str = "all", format_rule: str = "strict", format_penalty: float = 0.0) -> float:
+    def outcome_reward(self, multi_rule: str = "all", format_rule: str = "strict", format_penalty: float = 0.0,
+                       no_answer_penalty: float = 0.0) -> float:
         """R^T of this episode (see `mempo.rewards.outcome_reward`)."""
         from mempo.rewards import outcome_reward
 
         return outcome_reward(self.final_answer, self.golden_answers, self.format_valid, self.objectives,
                               multi_rule=multi_rule, format_rule=format_rule,  # type: ignore[arg-type]
-                              format_penalty=format_penalty)
+                              format_penalty=format_penalty, no_answer_penalty=no_answer_penalty)
 
     def memory_steps(self) -> list[Any]:
         """Each turn's memory and observation, as `mempo.forgetting` reads an episode."""

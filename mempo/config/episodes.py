@@ -99,6 +99,7 @@ class MempoParams(Section):
     rm_max: float | None = None
     format_rule: Literal["strict", "penalty", "ignore"] = "strict"
     format_penalty: float = Field(0.0, ge=0.0)
+    no_answer_penalty: float = Field(0.0, ge=0.0)
     multi_rule: Literal["all", "mean", "mean_k", "any"] = "all"
     probe_batch_size: int = Field(16, ge=1)
 

@@ -51,6 +51,7 @@ HYDRA_MEMPO_KEYS: dict[str, tuple[str, str, str]] = {
     "multi_rule": ("mempo", "multi_rule", "reward kwargs of mempo.rewards.compute_score"),
     "format_rule": ("mempo", "format_rule", ""),
     "format_penalty": ("mempo", "format_penalty", ""),
+    "no_answer_penalty": ("mempo", "no_answer_penalty", ""),
 }
 BEGIN = "# MemPO's own settings (read by the plug-in; the launcher fills them from params.yaml)."
 GENERATED_NOTE = "# Generated from the params models by `python -m mempo.config.hydra`: edit mempo/config, not here."

@@ -256,7 +256,8 @@ def _run_grpo(params: Any) -> dict[str, Any]:  # noqa: C901 - one loop, kept in 
                                          setup.config, context=agent.context)
             t1 = time.perf_counter()
             groups = [ep.item_id for ep in episodes]
-            rewards = [ep.outcome_reward(mp.multi_rule, mp.format_rule, mp.format_penalty) for ep in episodes]
+            rewards = [ep.outcome_reward(mp.multi_rule, mp.format_rule, mp.format_penalty, mp.no_answer_penalty)
+                       for ep in episodes]
             # 2. memory rewards (batched teacher-forced answer probabilities)
             mem_r = None
             turns_flat = [(ep, t) for ep in episodes for t in ep.turns]

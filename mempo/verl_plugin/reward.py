@@ -13,7 +13,7 @@ the episode's final answer and format validity there (`FINAL_ANSWER_KEY`,
 (`mempo.agent.step`), so nothing is parsed again here and R^T is the local trainer's
 (`mempo.rewards.episode_score`). A row without them (an agent other than `mem_agent`) is
 scored from its decoded response by `mempo.rewards.compute_score`. Reward kwargs
-(`multi_rule`, `format_rule`, `format_penalty`) come from
+(`multi_rule`, `format_rule`, `format_penalty`, `no_answer_penalty`) come from
 `reward.custom_reward_function.reward_kwargs`.
 """
 
