@@ -359,6 +359,27 @@ def test_grpo_three_steps_log_metrics_to_mlflow(grpo_run: dict[str, object]) -> 
     assert (out / "plots" / "train_reward.png").exists()
 
 
+def test_no_answer_penalty_is_the_reward_of_episodes_stopped_at_the_turn_limit(setup: dict[str, Path],
+                                                                               tmp_path: Path) -> None:
+    """`mempo.no_answer_penalty` reaches the local trainer's R^T: with one turn per episode the
+    SFT policy (which searches first) never answers, and every episode scores -p, not 0."""
+    import json
+
+    from mempo.config import load_params
+    from mempo.training.grpo import run_grpo
+
+    rows = {}
+    for p in (0.0, 0.5):
+        out = tmp_path / f"p{p}"
+        run_grpo(load_params(None, _grpo_overrides(setup, out, **{
+            "train.steps": 1, "train.rollout.max_turns": 1, "mempo.lambda_mem": 0.0,
+            "mempo.no_answer_penalty": p})), tracking=False)
+        rows[p] = json.loads((out / "history.jsonl").read_text().splitlines()[0])
+    for p, row in rows.items():
+        assert row["hit_turn_limit"] == 1.0 and row["em"] == 0.0
+        assert row["reward_mean"] == pytest.approx(-p) and row["reward_std"] == 0.0
+
+
 def test_grpo_exception_ends_the_mlflow_run_failed(setup: dict[str, Path], tmp_path: Path, mlflow_uri: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     import mlflow
