@@ -34,6 +34,14 @@ each pair then carries the machines' difference as well as the variants':
     .venv/bin/python benchmarks/learning_pool.py --across-machines --pair mempo_half_skip grpo \
         benchmarks/results/learning_rl300_queue_mixk4.json+benchmarks/results/learning_rl300_queue_mixk4_skip.json
 
+A part run with another `--rl-set` (another reward setting, the same budgets, mixture and test
+tasks) joins when labelled, `part.json@label`: its RL variants are named `variant@label`, so one
+variant pairs with itself under the two settings; the output lists the settings that differ
+(`settings_differ`):
+
+    .venv/bin/python benchmarks/learning_pool.py --pair grpo@nap grpo \
+        benchmarks/results/learning_rl300_start3_mixk4_skip.json+benchmarks/results/learning_rl300_mixk4_nap_c9cbcc85.json@nap
+
 Studies from different SFT starts are refused unless `--across-starts`: then each start's
 seeds are resampled within that start (a stratified bootstrap). The pooled mean weighs every
 seed alike, and the interval is for these starts with their numbers of seeds, not for a new
@@ -141,6 +149,9 @@ def pool(studies: list[dict[str, Any]], a: str, b: str, n_boot: int = 2000,
     drift = {str(st["path"].name): st["across_machines"] for st in studies if st.get("across_machines")}
     if drift:
         out["across_machines"] = drift
+    differ = {str(st["path"].name): st["settings_differ"] for st in studies if st.get("settings_differ")}
+    if differ:
+        out["settings_differ"] = differ
     if across_starts:
         out["starts"] = {labels[g]: {"studies": [st["path"].name for st in group],
                                      "seeds": [s for st in group for s in st["seeds"]]}
@@ -228,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  across machines ({name}): {Path(part).name}'s start evaluates differently: "
                   + ", ".join(f"{k} {x} vs {y}" for k, (x, y) in list(keys.items())[:4])
                   + (f" (+{len(keys) - 4} more)" if len(keys) > 4 else ""))
+    for name, rows in (out.get("settings_differ") or {}).items():
+        for part, keys in rows.items():
+            print(f"  settings differ ({name}): {Path(part).name}: "
+                  + ", ".join(f"{k} {x} vs {y}" for k, (x, y) in keys.items()))
     for key, d in out["pooled"].items():
         if d is not None:
             per = "  ".join(f"{v[key]:+.3f}" if v.get(key) is not None else "-" for v in out["studies"].values())

@@ -233,6 +233,43 @@ def test_parts_of_other_starts_settings_or_the_same_variant_do_not_join(learning
         lp.load_study(f"{base}+{tmp_path / 'missing.json'}", "mempo_half", "grpo")
 
 
+def test_a_labelled_part_run_with_another_rl_set_pairs_a_variant_with_itself(learning, lp, tmp_path, capsys):
+    """`base.json+other.json@nap`: the part run with another --rl-set (here the no-answer
+    penalty) has its RL variants named v@nap, so GRPO under the two reward settings pairs task
+    by task; only rl_set may differ, and the output names the difference."""
+    zeros = {s: [0.0, 0.0, 0.0, 0.0] for s in range(2)}
+    nap = {0: [1.0, 1.0, 0.0, 0.0], 1: [1.0, 0.0, 0.0, 0.0]}
+    base = write_study(learning, tmp_path / "base.json", [0, 1], {"grpo": zeros, "mempo_half": zeros}, start="x")
+    other = write_study(learning, tmp_path / "o" / "other.json", [0, 1], {"grpo": nap, "mempo_half": zeros},
+                        start="x", extra=("--rl-set", "mempo.no_answer_penalty=0.5"))
+    # unlabelled, the other setting is refused, and the message says how to join it
+    with pytest.raises(MempoError, match=r"other.json: config.rl_set is .*no_answer_penalty.*other.json@name"):
+        lp.load_study(f"{base}+{other}", "mempo_half", "grpo")
+    out_path = tmp_path / "nap.json"
+    assert lp.main([f"{base}+{other}@nap", "--pair", "grpo@nap", "grpo", "--bootstrap", "200",
+                    "--out", str(out_path)]) == 0
+    assert "settings differ (base.json+other.json@nap): other.json: rl_set None vs" in capsys.readouterr().out
+    out = json.loads(out_path.read_text())
+    assert out["pair"] == ["grpo@nap", "grpo"] and out["seeds"] == [0, 1]
+    assert out["settings_differ"]["base.json+other.json@nap"][str(other)]["rl_set"] == [
+        None, {"mempo.no_answer_penalty": 0.5}]
+    d = out["pooled"]["k2/objective_em"]
+    assert d["mean"] == pytest.approx((0.5 + 0.25) / 2)
+    assert d == paired_bootstrap([dict(zip(["t0", "t1", "t2", "t3"], nap[s], strict=True)) for s in (0, 1)],
+                                 [{f"t{i}": 0.0 for i in range(4)}] * 2, 200)
+    # within the labelled part its variants pair under their new names, and the start is kept
+    st = lp.load_study(f"{base}+{other}@nap", "grpo@nap", "mempo_half@nap")
+    assert st["per_seed"]["grpo@nap"]["k4"]["em"] == {0: 0.5, 1: 0.25} and st["start"] == lp.load_study(
+        base, "grpo", "mempo_half")["start"]
+    # budgets still must match
+    longer = write_study(learning, tmp_path / "l" / "longer.json", [0, 1], {"grpo": nap}, rl_steps=2, start="x",
+                         extra=("--rl-set", "mempo.no_answer_penalty=0.5"))
+    with pytest.raises(MempoError, match=r"longer.json: config.rl_steps is 2"):
+        lp.load_study(f"{base}+{longer}@nap", "grpo@nap", "grpo")
+    with pytest.raises(MempoError, match="an empty label"):
+        lp.load_study(f"{base}+{other}@", "grpo", "mempo_half")
+
+
 def test_across_starts_pools_each_start_s_seeds_within_it(learning, lp, tmp_path, capsys):
     """--across-starts: studies of two starts (one of them in two files), seed numbers reused
     across starts; each start keeps its seeds in every replicate, and its own means are listed."""

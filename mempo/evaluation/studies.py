@@ -3,7 +3,9 @@ comparing: a study's settings, its seeds, per seed its values and, where the per
 (`<study>.per_task.jsonl.gz`) is beside it, per task. Used by `benchmarks/learning_pool.py`
 (studies on other seeds) and `benchmarks/learning_budget.py` (the same seeds at another RL budget).
 A study run in parts (a variant trained later from the same start, beside the baselines already
-run) reads as one: `join_parts`, or a path argument `first.json+second.json`.
+run) reads as one: `join_parts`, or a path argument `first.json+second.json`. A part run with
+another `--rl-set` joins when labelled, `first.json+second.json@nap`: its RL variants are named
+`grpo@nap`, ..., so the same variant under two reward settings pairs (`--pair grpo@nap grpo`).
 
     st = load_study(Path("benchmarks/results/learning_rl120.json"), "mempo_half", "grpo")
     st["seeds"], st["per_seed"]["grpo"]["k4"]["objective_em"][seed], st["per_task"]
@@ -28,6 +30,7 @@ START_VARIANTS = ("sft", "sft_full")
 START_METRICS = ("em", "objective_em", "mean_prompt_tokens")
 WEIGHTS_KEY = "weights sha256 of sft-"  # start_signature's keys for the SFT weights' digests
 PART_SEP = "+"  # joins the parts of one study in a path argument: first.json+second.json
+LABEL_SEP = "@"  # part.json@label: that part's RL variants are named variant@label (another reward setting)
 
 
 def load_study(path: Path, a: str, b: str, across_machines: bool = False) -> dict[str, Any]:
@@ -35,11 +38,12 @@ def load_study(path: Path, a: str, b: str, across_machines: bool = False) -> dic
     values (and per-task values, where its per-task file exists). `path` may name the parts of
     one study joined by '+' (`join_parts`, with its `across_machines`): `first.json+second.json`."""
     parts = [Path(p) for p in str(path).split(PART_SEP)] if not Path(path).exists() else [Path(path)]
-    if len(parts) > 1:
+    if len(parts) > 1 or split_label(parts[0])[1]:
         study, per_task = join_parts(parts, across_machines, variants=(a, b))
         path = parts[0].parent / PART_SEP.join(p.name for p in parts)
     else:
         study, per_task = read_study(parts[0])
+    parts = [split_label(p)[0] for p in parts]
     try:
         seeds = study["config"]["seeds"]
         results = study["results"]
@@ -59,7 +63,8 @@ def load_study(path: Path, a: str, b: str, across_machines: bool = False) -> dic
             raise MempoError(f"{where}: no per-task rows for {', '.join(missing[:4])}")
     return {"path": path, "config": study["config"], "seeds": common, "per_seed": per_seed, "per_task": per_task,
             "slopes": {v: reward_slopes(study, v) for v in (a, b)}, "start": start_signature(study),
-            "across_machines": study.get("across_machines") or {}}
+            "across_machines": study.get("across_machines") or {},
+            "settings_differ": study.get("settings_differ") or {}}
 
 
 PerTask = dict[tuple[str, int, str], dict[str, dict[str, Any]]]
@@ -90,6 +95,37 @@ def read_study(path: Path) -> tuple[dict[str, Any], PerTask | None]:
     return study, per_task
 
 
+def split_label(path: Path) -> tuple[Path, str | None]:
+    """`part.json@label` -> (part.json, label); a path without a label (or an existing file whose
+    name has the separator) -> (path, None)."""
+    name = str(path)
+    if Path(name).exists() or LABEL_SEP not in Path(name).name:
+        return Path(name), None
+    file, label = name.rsplit(LABEL_SEP, 1)
+    if not label:
+        raise MempoError(f"{name}: an empty label after '{LABEL_SEP}' (part.json{LABEL_SEP}label)")
+    return Path(file), label
+
+
+def relabel(study: dict[str, Any], per_task: PerTask | None, label: str) -> tuple[dict[str, Any], PerTask | None]:
+    """The study with each RL variant v (`config.seeds`) named `v@label`, in its seeds, results,
+    reward trends, curves and per-task rows; the start's rows (`sft`, `sft_full`) keep their names."""
+    try:
+        rl = set(study["config"]["seeds"])
+        name = {v: f"{v}{LABEL_SEP}{label}" for v in rl}
+
+        def rename(d: dict[str, Any] | None) -> dict[str, Any]:
+            return {name.get(k, k): x for k, x in (d or {}).items()}
+
+        out = {**study, "config": {**study["config"], "seeds": rename(study["config"]["seeds"])},
+               "results": rename(study["results"]), "reward_trend": rename(study.get("reward_trend")),
+               "curves": rename(study.get("curves"))}
+    except (KeyError, TypeError, AttributeError) as e:
+        raise MempoError(f"not a learning study result ({type(e).__name__}: {e})") from e
+    tasks = None if per_task is None else {(name.get(v, v), s, b): rows for (v, s, b), rows in per_task.items()}
+    return out, tasks
+
+
 def join_parts(paths: list[Path], across_machines: bool = False, variants: tuple[str, ...] | None = None
                ) -> tuple[dict[str, Any], PerTask | None]:
     """Parts of one study as one: studies run at different times from one RL start (the same SFT
@@ -104,18 +140,36 @@ def join_parts(paths: list[Path], across_machines: bool = False, variants: tuple
     `across_machines`: parts run on machines that evaluate the same weights differently (other
     CPU kernels) join on the SFT weights' sha256 alone, which both parts must have recorded;
     the start rows that differ are kept under `across_machines` (part -> key -> [first part's,
-    this part's]), since the pairs then carry the machines' difference as well as the variants'."""
-    read = [(p, *read_study(p)) for p in paths]
-    first_path, first, first_tasks = read[0]
+    this part's]), since the pairs then carry the machines' difference as well as the variants'.
+
+    A labelled part (`part.json@label`, `split_label`) has its RL variants renamed `v@label`
+    (`relabel`) and may differ from the first part in `rl_set` (the RL reward settings), and
+    the first part, when labelled, from every other; the differences are kept under
+    `settings_differ` (part -> key -> [first part's, this part's]). Budgets, mixture and test
+    tasks must still match: the pair compares one variant under two settings, nothing else."""
+    read = []
+    for p in paths:
+        file, label = split_label(p)
+        study, tasks = read_study(file)
+        read.append((file, *(relabel(study, tasks, label) if label else (study, tasks)), label))
+    first_path, first, first_tasks, first_label = read[0]
     drift: dict[str, dict[str, list[Any]]] = {}
+    differ: dict[str, dict[str, list[Any]]] = {}
     try:
         config = {**first["config"], "seeds": dict(first["config"]["seeds"])}
         results, trend = dict(first["results"]), dict(first.get("reward_trend") or {})
         curves = dict(first.get("curves") or {})
         owner = {v: first_path for v in config["seeds"]}
         per_task = dict(first_tasks) if first_tasks is not None else None
-        for path, study, tasks in read[1:]:
-            check_same_settings(path, study["config"], first_path, first["config"], "not parts of one study")
+        for path, study, tasks, label in read[1:]:
+            free = ("rl_set",) if label or first_label else ()
+            check_same_settings(path, study["config"], first_path, first["config"],
+                                "not parts of one study" + ("" if free else
+                                                            f" (label a part run with another --rl-set: "
+                                                            f"{path.name}{LABEL_SEP}name)"), but=free)
+            for key in free:
+                if study["config"].get(key) != first["config"].get(key):
+                    differ.setdefault(str(path), {})[key] = [first["config"].get(key), study["config"].get(key)]
             sig, first_sig = start_signature(study), start_signature(first)
             if across_machines:
                 differs = check_same_weights(path, sig, first_path, first_sig)
@@ -148,6 +202,8 @@ def join_parts(paths: list[Path], across_machines: bool = False, variants: tuple
     joined = {**first, "config": config, "results": results, "reward_trend": trend, "curves": curves}
     if drift:
         joined["across_machines"] = drift
+    if differ:
+        joined["settings_differ"] = differ
     return joined, per_task
 
 
