@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from mempo.rewards import (
     answer_correctness,
     compute_score,
-    episode_score,
     episode_format_valid,
+    episode_score,
     exact_match,
     multi_objective_scores,
     normalize_answer,
